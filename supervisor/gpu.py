@@ -1,0 +1,184 @@
+"""GPU probing and release verification.
+
+``GpuProbe`` is the small interface everything GPU-related goes through: NVML on a real
+host (``supervisor.nvml.NvmlProbe``), simulated GPUs in ``--simulate`` mode
+(``supervisor.sim.gpus.SimGpuProbe``), fakes in unit tests. A failed query raises
+``GpuQueryError``; it is never read as "zero bytes used".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+
+class GpuQueryError(RuntimeError):
+    """A GPU query failed; the caller must not treat the GPU as empty."""
+
+
+class GpuInfo(NamedTuple):
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+
+
+class GpuProcess(NamedTuple):
+    pid: int
+    #: None when the driver does not report per-process memory.
+    used_bytes: int | None
+
+
+class GpuSample(NamedTuple):
+    index: int
+    uuid: str
+    name: str
+    memory_used_bytes: int
+    memory_total_bytes: int
+    processes: tuple[GpuProcess, ...]
+
+
+class GpuProbe(Protocol):
+    #: "nvml" or "simulated": shown in /status.
+    kind: str
+
+    def devices(self) -> list[GpuInfo]:
+        """Every GPU the probe can see, in its own (NVML / PCI bus) index order."""
+        ...
+
+    def sample(self, indices: Sequence[int]) -> list[GpuSample]:
+        """Memory used and compute processes of each GPU in ``indices``.
+
+        Raises ``GpuQueryError`` when any query fails.
+        """
+        ...
+
+    def pids_are_local(self) -> bool:
+        """Whether the pids the probe reports are in this process's PID namespace.
+
+        False inside a container without the host's PID namespace: then membership
+        by pid is impossible and only the memory criterion decides release.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+def resolve_gpus(probe: GpuProbe, names: Sequence[str]) -> list[GpuInfo]:
+    """Map configured GPU names (NVML index or UUID) to the probe's devices.
+
+    Raises ``ValueError`` naming the GPU when one does not exist.
+    """
+    devices = probe.devices()
+    by_index = {str(d.index): d for d in devices}
+    by_uuid = {d.uuid.lower(): d for d in devices}
+    out: list[GpuInfo] = []
+    for name in names:
+        key = name.strip()
+        found = by_index.get(key) or by_uuid.get(key.lower())
+        if found is None:
+            seen = ", ".join(f"{d.index}={d.uuid}" for d in devices) or "none"
+            raise ValueError(
+                f"managed GPU {name!r} does not exist (the probe sees: {seen}); "
+                "fix server.gpus in the config"
+            )
+        if found in out:
+            raise ValueError(f"managed GPU {name!r} is listed twice; fix server.gpus")
+        out.append(found)
+    return out
+
+
+@dataclass
+class GpuReleaseState:
+    index: int
+    memory_used_bytes: int
+    baseline_bytes: int
+    member_pids: list[int]
+    foreign_pids: list[int]
+    released: bool
+
+
+@dataclass
+class ReleaseResult:
+    released: bool
+    elapsed_s: float
+    samples: int
+    gpus: list[GpuReleaseState] = field(default_factory=list)
+    #: The last query error, if the probe failed along the way.
+    error: str | None = None
+
+    def describe(self) -> str:
+        if self.released:
+            return f"all {len(self.gpus)} GPUs released in {self.elapsed_s:.2f}s"
+        held = [g for g in self.gpus if not g.released]
+        parts = []
+        for g in held:
+            extra = g.memory_used_bytes - g.baseline_bytes
+            who = f", member pids {g.member_pids}" if g.member_pids else ""
+            parts.append(f"GPU {g.index}: {extra / 2**20:.0f} MiB above baseline{who}")
+        why = "; ".join(parts) or (self.error or "no sample succeeded")
+        return f"GPUs not released after {self.elapsed_s:.1f}s: {why}"
+
+
+def wait_released(
+    probe: GpuProbe,
+    indices: Sequence[int],
+    baseline_bytes: dict[int, int],
+    members: Callable[[], Collection[int]],
+    *,
+    timeout_s: float,
+    tolerance_bytes: int,
+    consecutive: int = 3,
+    interval_s: float = 0.05,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    on_sample: Callable[[list[GpuSample]], None] | None = None,
+) -> ReleaseResult:
+    """Block until every GPU in ``indices`` is released, or ``timeout_s`` passes.
+
+    A GPU is released when no pid of ``members()`` is in its process list and its used
+    memory is at most ``baseline + tolerance``, for ``consecutive`` samples in a row. A
+    failed query resets the count (it is never "zero"). Blocking: run it in a thread.
+    """
+    start = clock()
+    deadline = start + timeout_s
+    streak = 0
+    n = 0
+    last: list[GpuReleaseState] = []
+    error: str | None = None
+    while True:
+        n += 1
+        try:
+            samples = probe.sample(indices)
+        except GpuQueryError as exc:
+            error = str(exc)
+            streak = 0
+        else:
+            if on_sample is not None:
+                on_sample(samples)
+            member_set = set(members()) if probe.pids_are_local() else set()
+            last = []
+            for s in samples:
+                pids = [p.pid for p in s.processes]
+                mine = sorted(p for p in pids if p in member_set)
+                base = baseline_bytes.get(s.index, 0)
+                ok = not mine and s.memory_used_bytes <= base + tolerance_bytes
+                last.append(
+                    GpuReleaseState(
+                        index=s.index,
+                        memory_used_bytes=s.memory_used_bytes,
+                        baseline_bytes=base,
+                        member_pids=mine,
+                        foreign_pids=sorted(p for p in pids if p not in member_set),
+                        released=ok,
+                    )
+                )
+            streak = streak + 1 if all(g.released for g in last) else 0
+        now = clock()
+        if streak >= consecutive:
+            return ReleaseResult(True, now - start, n, last, error)
+        if now >= deadline:
+            return ReleaseResult(False, now - start, n, last, error)
+        sleep(min(interval_s, max(0.0, deadline - now)))

@@ -1,0 +1,60 @@
+"""The server's lifecycle states and the transitions allowed between them.
+
+This module imports nothing of the project: it is the vocabulary every other module
+shares. The one function that performs a transition lives in ``core.Supervisor``; it
+checks every move against ``ALLOWED`` below.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ServerState(enum.StrEnum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    RELEASING = "releasing"
+    BACKOFF = "backoff"
+    FAILED = "failed"
+
+
+S = ServerState
+
+#: Every allowed edge, ``old -> {new, ...}``.
+ALLOWED: dict[ServerState, frozenset[ServerState]] = {
+    # stopped -> stopping: leftovers of ours found at start-up are torn down first.
+    S.STOPPED: frozenset({S.STARTING, S.STOPPING}),
+    # starting -> stopping: start failed (exit, OOM, readiness timeout) or was cancelled.
+    S.STARTING: frozenset({S.READY, S.STOPPING}),
+    S.READY: frozenset({S.DRAINING, S.STOPPING}),
+    S.DRAINING: frozenset({S.STOPPING}),
+    S.STOPPING: frozenset({S.RELEASING}),
+    # releasing ends only when every managed GPU is verified released (or it never is: failed).
+    S.RELEASING: frozenset({S.STOPPED, S.BACKOFF, S.FAILED}),
+    S.BACKOFF: frozenset({S.STARTING, S.STOPPED, S.FAILED}),
+    # failed -> stopping: an operator's stop/start/apply first tears down what is left.
+    S.FAILED: frozenset({S.STOPPING, S.STARTING}),
+}
+
+#: States in which server processes of ours may be alive.
+PROCESS_STATES = frozenset({S.STARTING, S.READY, S.DRAINING, S.STOPPING, S.RELEASING})
+#: States in which nothing of ours should be running.
+IDLE_STATES = frozenset({S.STOPPED, S.BACKOFF, S.FAILED})
+
+
+class TransitionError(RuntimeError):
+    """A transition outside ``ALLOWED`` was attempted: a bug in the caller, never input."""
+
+    def __init__(self, old: ServerState, new: ServerState, reason: str) -> None:
+        super().__init__(f"illegal transition {old} -> {new} ({reason})")
+        self.old = old
+        self.new = new
+
+
+def check_transition(old: ServerState, new: ServerState, reason: str) -> None:
+    """Raise ``TransitionError`` unless ``old -> new`` is an allowed edge."""
+    if new not in ALLOWED[old]:
+        raise TransitionError(old, new, reason)
