@@ -29,13 +29,16 @@ def main() -> int:
         [python, "-I", str(probe)], capture_output=True, text=True, timeout=300, check=False
     )
     if out.returncode != 0:
-        print(f"{python} could not describe SGLang's flags (exit {out.returncode}):", file=sys.stderr)
+        print(
+            f"{python} could not describe SGLang's flags (exit {out.returncode}):", file=sys.stderr
+        )
         print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
         return 1
     data = json.loads(out.stdout)
     dest = ROOT / "supervisor" / "data" / f"sglang-{data['sglang_version']}.json"
     dest.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {dest.relative_to(ROOT)}: {len(data['flags'])} flags of SGLang {data['sglang_version']}")
+    count, version = len(data["flags"]), data["sglang_version"]
+    print(f"wrote {dest.relative_to(ROOT)}: {count} flags of SGLang {version}")
     return 0
 
 

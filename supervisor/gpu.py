@@ -18,7 +18,8 @@ class GpuQueryError(RuntimeError):
     """A GPU query failed; the caller must not treat the GPU as empty."""
 
 
-class GpuInfo(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
     index: int
     uuid: str
     name: str
@@ -31,7 +32,8 @@ class GpuProcess(NamedTuple):
     used_bytes: int | None
 
 
-class GpuSample(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class GpuSample:
     index: int
     uuid: str
     name: str

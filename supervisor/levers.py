@@ -232,7 +232,9 @@ def check_levers(levers: LeverSet, schema: FlagSchema) -> LeverSet:
     for raw_name, value in levers.levers.items():
         name = normalize_name(raw_name)
         if name in OWNED_FLAGS:
-            problems.append(LeverProblem(raw_name, f"cannot be set by a lever: {OWNED_FLAGS[name]}"))
+            problems.append(
+                LeverProblem(raw_name, f"cannot be set by a lever: {OWNED_FLAGS[name]}")
+            )
             continue
         spec = schema.flags.get(name) or aliases.get(name)
         if spec is None:

@@ -1,0 +1,382 @@
+"""Spawning the server's process tree, finding every member, and killing it for certain.
+
+Members of a launch are the union of (DESIGN.md "Teardown"):
+
+* its process group and session (the launcher is spawned as a session leader);
+* psutil descendants of the launcher, snapshotted *before* the first signal;
+* every process whose environment carries ``SGLANG_SUPERVISOR_INSTANCE=<tag>``: set at
+  spawn, inherited by all descendants, it survives re-parenting and ``setsid``.
+
+``teardown`` sends SIGTERM to the group and every member, waits ``grace_s``, sends SIGKILL
+to whatever is left (re-scanning for members first), and reaps. Nothing here touches a
+process outside that union.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+TAG_ENV = "SGLANG_SUPERVISOR_INSTANCE"
+_TAG_PREFIX = TAG_ENV.encode() + b"="
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass
+class Launch:
+    """One spawned (or adopted) server launcher: a session leader."""
+
+    pid: int
+    create_time: float
+    tag: str
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+    #: Exit status once known: >= 0 exit code, < 0 killed by that signal; None while
+    #: running or when it exited without us being its parent (adopted launches).
+    returncode: int | None = None
+    _gone: bool = False
+
+    def poll(self) -> bool:
+        """True once the launcher has exited (and been reaped, when it is our child)."""
+        if self._gone:
+            return True
+        if self.popen is not None:
+            rc = self.popen.poll()
+            if rc is not None:
+                self.returncode = rc
+                self._gone = True
+            return self._gone
+        self._gone = not _alive(self.pid, self.create_time)
+        return self._gone
+
+    def describe_exit(self) -> str:
+        return describe_exit(self.returncode)
+
+
+def describe_exit(returncode: int | None) -> str:
+    """A readable line for an exit status, with a hint where one helps."""
+    if returncode is None:
+        return "exited (status unknown: it was not our child)"
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    sig = -returncode
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    hint = ""
+    if sig == signal.SIGKILL:
+        hint = " (perhaps the host's OOM killer, or someone ran kill -9)"
+    elif sig == signal.SIGSEGV:
+        hint = " (a crash in native code)"
+    elif sig == signal.SIGABRT:
+        hint = " (aborted; often a CUDA or NCCL error, see the log)"
+    return f"killed by {name}{hint}"
+
+
+def set_child_subreaper() -> bool:
+    """Make this process the reaper of orphaned descendants (Linux).
+
+    Server ranks whose launcher dies are re-parented to us instead of to PID 1, which in a
+    container may never reap them; we reap them in ``teardown``. Returns False where the
+    call is unavailable.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def spawn(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    tag: str,
+    log_path: Path,
+    cwd: Path | None = None,
+) -> Launch:
+    """Start ``argv`` in a new session with ``TAG_ENV=tag``, output appended to ``log_path``.
+
+    The output goes to a file, never through a pipe: a full pipe would block the server,
+    and the log must survive our own restart. Raises ``OSError`` when the program cannot
+    be executed (the message names the program).
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = dict(env)
+    full_env[TAG_ENV] = tag
+    log: IO[bytes]
+    with open(log_path, "ab") as log:
+        try:
+            popen = subprocess.Popen(
+                list(argv),
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                cwd=cwd,
+            )
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot start the server {argv[0]!r}: {exc.strerror}"
+            ) from exc
+    try:
+        create_time = psutil.Process(popen.pid).create_time()
+    except psutil.Error:
+        create_time = 0.0  # exited already; poll() will tell
+    return Launch(popen.pid, create_time, tag, log_path, popen)
+
+
+def adopt(pid: int, create_time: float, tag: str, log_path: Path) -> Launch | None:
+    """A ``Launch`` for a launcher started by an earlier daemon, if it still runs."""
+    if not _alive(pid, create_time):
+        return None
+    return Launch(pid, create_time, tag, log_path, popen=None)
+
+
+def _alive(pid: int, create_time: float | None) -> bool:
+    try:
+        p = psutil.Process(pid)
+        if create_time and abs(p.create_time() - create_time) > 0.05:
+            return False  # the pid was reused
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _environ_tag(pid: int) -> str | None:
+    """The launch tag in ``pid``'s environment, read straight from /proc (fast, no psutil)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    for item in data.split(b"\0"):
+        if item.startswith(_TAG_PREFIX):
+            return item[len(_TAG_PREFIX) :].decode(errors="replace")
+    return None
+
+
+def _tag_matches(value: str | None, tag: str | None, tag_prefix: str | None) -> bool:
+    if value is None:
+        return False
+    if tag is not None and value == tag:
+        return True
+    return tag_prefix is not None and value.startswith(tag_prefix)
+
+
+def find_members(
+    launch: Launch | None,
+    *,
+    tag: str | None = None,
+    tag_prefix: str | None = None,
+) -> dict[int, float]:
+    """Every member process, as ``{pid: create_time}``; zombies excluded.
+
+    ``tag`` matches one launch exactly; ``tag_prefix`` every launch of this instance
+    (leftovers of an earlier daemon). This process and its ancestors are never members.
+    """
+    me = os.getpid()
+    never = {me, *(p.pid for p in psutil.Process(me).parents())}
+    members: dict[int, float] = {}
+
+    def add(p: psutil.Process) -> None:
+        if p.pid in never:
+            return
+        with contextlib.suppress(psutil.Error):
+            if p.status() != psutil.STATUS_ZOMBIE:
+                members[p.pid] = p.create_time()
+
+    leader = launch.pid if launch is not None and not launch.poll() else None
+    if leader is not None:
+        with contextlib.suppress(psutil.Error):
+            lp = psutil.Process(leader)
+            add(lp)
+            for child in lp.children(recursive=True):
+                add(child)
+    for pid in psutil.pids():
+        if pid in members or pid in never:
+            continue
+        in_group = False
+        if launch is not None:
+            try:
+                in_group = launch.pid in (os.getpgid(pid), os.getsid(pid))
+            except OSError:
+                continue
+        if in_group or _tag_matches(_environ_tag(pid), tag, tag_prefix):
+            with contextlib.suppress(psutil.Error):
+                add(psutil.Process(pid))
+    return members
+
+
+@dataclass
+class Survivor:
+    pid: int
+    status: str
+    cmdline: str
+
+    def describe(self) -> str:
+        why = {
+            psutil.STATUS_DISK_SLEEP: "in uninterruptible sleep (D state: stuck in the kernel "
+            "or the GPU driver; only the driver or a reboot frees it)",
+            psutil.STATUS_ZOMBIE: "a zombie nobody has reaped",
+            psutil.STATUS_STOPPED: "stopped (SIGSTOP / ptrace)",
+        }.get(self.status, f"state {self.status}")
+        return f"pid {self.pid} ({self.cmdline[:80]}) is {why}"
+
+
+@dataclass
+class TeardownReport:
+    members: list[int] = field(default_factory=list)
+    sigterm_sent: list[int] = field(default_factory=list)
+    sigkill_sent: list[int] = field(default_factory=list)
+    #: Seconds from the first SIGTERM until no member was left (None: some survived).
+    exit_s: float | None = None
+    #: Seconds from the first SIGTERM until SIGKILL was needed (None: SIGTERM sufficed).
+    kill_after_s: float | None = None
+    survivors: list[Survivor] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.survivors
+
+    def describe(self) -> str:
+        if not self.members:
+            return "no member process was running"
+        how = "SIGTERM" if not self.sigkill_sent else f"SIGKILL to {self.sigkill_sent}"
+        if self.clean:
+            return f"{len(self.members)} member processes exited after {how} in {self.exit_s:.2f}s"
+        return "; ".join(s.describe() for s in self.survivors) + f" (after {how})"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "members": self.members,
+            "sigterm_sent": self.sigterm_sent,
+            "sigkill_sent": self.sigkill_sent,
+            "exit_s": self.exit_s,
+            "kill_after_s": self.kill_after_s,
+            "survivors": [s.describe() for s in self.survivors],
+        }
+
+
+def _signal(pids: Iterable[int], sig: signal.Signals, alive: Mapping[int, float]) -> list[int]:
+    sent = []
+    for pid in pids:
+        if not _alive(pid, alive.get(pid)):
+            continue
+        try:
+            os.kill(pid, sig)
+            sent.append(pid)
+        except ProcessLookupError:
+            pass  # ESRCH: already gone
+        except PermissionError:
+            pass  # not ours after all (pid reused by another user); the re-scan decides
+    return sent
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except OSError as exc:
+        if exc.errno not in (errno.ESRCH, errno.EPERM):
+            raise
+
+
+def reap(launch: Launch | None, pids: Iterable[int]) -> None:
+    """Collect exit statuses of our dead children among ``pids`` (and the launcher).
+
+    Orphaned ranks are re-parented to us when we are a child subreaper; a zombie holds no
+    memory, but left unreaped it lingers in every process listing.
+    """
+    if launch is not None:
+        launch.poll()
+    for pid in pids:
+        if launch is not None and pid == launch.pid and launch.popen is not None:
+            continue  # Popen owns its status
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def teardown(
+    launch: Launch | None,
+    *,
+    tag: str | None = None,
+    tag_prefix: str | None = None,
+    grace_s: float,
+    kill_timeout_s: float,
+    poll_s: float = 0.02,
+    rescan_s: float = 0.25,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> TeardownReport:
+    """Stop every member: SIGTERM, wait up to ``grace_s``, SIGKILL, wait up to ``kill_timeout_s``.
+
+    SIGTERM goes to the launcher's process group and to every member individually (ranks
+    that called ``setsid`` are not in the group). Members are re-scanned before SIGKILL, so
+    a process spawned during the grace period is not missed. Blocking: run in a thread.
+    Returns a report; survivors (D-state, unkillable) are listed, never hidden.
+    """
+    report = TeardownReport()
+    members = find_members(launch, tag=tag, tag_prefix=tag_prefix)
+    report.members = sorted(members)
+    start = clock()
+    if launch is not None and not launch.poll():
+        _killpg(launch.pid, signal.SIGTERM)
+    report.sigterm_sent = _signal(sorted(members), signal.SIGTERM, members)
+
+    last_scan = start
+
+    def remaining(force_scan: bool = False) -> dict[int, float]:
+        nonlocal last_scan
+        reap(launch, members)
+        # Re-scan now and then: a member may have spawned a child (a full /proc scan costs
+        # milliseconds, so not at every poll). The create time guards against pid reuse.
+        if force_scan or clock() - last_scan >= rescan_s:
+            members.update(find_members(launch, tag=tag, tag_prefix=tag_prefix))
+            last_scan = clock()
+        return {p: ct for p, ct in members.items() if _alive(p, ct)}
+
+    left = remaining()
+    deadline = start + grace_s
+    while left and clock() < deadline:
+        sleep(poll_s)
+        left = remaining()
+    left = remaining(force_scan=True)
+    if left:
+        report.kill_after_s = clock() - start
+        if launch is not None and not launch.poll():
+            _killpg(launch.pid, signal.SIGKILL)
+        report.sigkill_sent = _signal(sorted(left), signal.SIGKILL, left)
+        deadline = clock() + kill_timeout_s
+        while left and clock() < deadline:
+            sleep(poll_s)
+            left = remaining()
+        if not left:
+            left = remaining(force_scan=True)
+    report.members = sorted(members)
+    if not left:
+        report.exit_s = clock() - start
+        reap(launch, members)
+        return report
+    for pid in sorted(left):
+        try:
+            p = psutil.Process(pid)
+            report.survivors.append(Survivor(pid, p.status(), " ".join(p.cmdline())))
+        except psutil.Error:
+            continue
+    if not report.survivors:
+        report.exit_s = clock() - start
+    return report
