@@ -63,7 +63,7 @@ class TimeoutSettings(_Section):
     #: How long a start may take to answer /health_generate (model loads take minutes).
     ready_timeout_s: float = Field(1800.0, gt=0)
     #: After an apply's start is ready, a crash within this window still rolls back.
-    probation_s: float = Field(30.0, ge=0)
+    probation_s: float = Field(10.0, ge=0)
     liveness_interval_s: float = Field(10.0, gt=0)
     liveness_timeout_s: float = Field(30.0, gt=0)
     #: Consecutive failed /health_generate probes that mean "hung".

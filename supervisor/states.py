@@ -34,7 +34,8 @@ ALLOWED: dict[ServerState, frozenset[ServerState]] = {
     S.STOPPING: frozenset({S.RELEASING}),
     # releasing ends only when every managed GPU is verified released (or it never is: failed).
     S.RELEASING: frozenset({S.STOPPED, S.BACKOFF, S.FAILED}),
-    S.BACKOFF: frozenset({S.STARTING, S.STOPPED, S.FAILED}),
+    # backoff -> stopping: an operator's stop/apply preempts the wait (and clears up first).
+    S.BACKOFF: frozenset({S.STARTING, S.STOPPING, S.FAILED}),
     # failed -> stopping: an operator's stop/start/apply first tears down what is left.
     S.FAILED: frozenset({S.STOPPING, S.STARTING}),
 }

@@ -1,0 +1,22 @@
+"""Request bodies of the control API (responses are the supervisor's own JSON)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ApplyRequest(BaseModel):
+    """``POST /levers``: merged onto the current levers unless ``replace``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: SGLang flag dest-names -> values; ``null`` removes a lever (back to SGLang's default).
+    levers: dict[str, Any] = Field(default_factory=dict)
+    #: Extra environment of the server (NCCL_*, SGLANG_*, CUDA_*, TORCH_*, PYTORCH_*, NVSHMEM_*).
+    env: dict[str, Any] = Field(default_factory=dict)
+    replace: bool = False
+    dry_run: bool = False
+    #: Wait up to this long for running and queued requests to finish before stopping.
+    drain_timeout_s: float = Field(0.0, ge=0)

@@ -1,0 +1,924 @@
+"""The Supervisor: the state machine, the apply transaction, crash handling, shutdown.
+
+Everything runs on one asyncio loop; whatever blocks (signals and waits on processes,
+GPU probing, disk writes) runs in a worker thread, so the API stays responsive. Exactly
+one operation runs at a time. Every state change goes through ``_transition``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from supervisor import preflight
+from supervisor.config import Settings
+from supervisor.events import EventBus
+from supervisor.gpu import GpuInfo, GpuProbe, GpuQueryError, GpuSample, wait_released
+from supervisor.health import HealthChecker
+from supervisor.levers import LeverError, LeverProblem, LeverSet, check_levers, render_argv
+from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation, wall_iso
+from supervisor.process import TeardownReport
+from supervisor.schema import FlagSchema
+from supervisor.states import IDLE_STATES, ServerState, check_transition
+from supervisor.store import PersistedState, RecordedServer, Store, StoreError
+from supervisor.telemetry import Throughput, last_decode_line, parse_metrics, tail_lines
+
+log = logging.getLogger("supervisor")
+S = ServerState
+
+
+class Busy(RuntimeError):
+    """Another operation is running (HTTP 409)."""
+
+    def __init__(self, op: Operation) -> None:
+        super().__init__(
+            f"operation {op.id} ({op.kind}) is running; wait for it (GET /operations/{op.id})"
+        )
+        self.operation = op
+
+
+class ServerHandle(Protocol):
+    """A launched (or adopted) server launcher; ``supervisor.process.Launch`` is one."""
+
+    pid: int
+    create_time: float
+    tag: str
+    log_path: Path
+    returncode: int | None
+
+    def poll(self) -> bool: ...
+
+    def describe_exit(self) -> str: ...
+
+
+class ProcessOps(Protocol):
+    """The OS side: real processes in production, a fake in unit tests."""
+
+    def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str], *, tag: str, log_path: Path
+    ) -> ServerHandle: ...
+
+    def teardown(
+        self,
+        handle: ServerHandle | None,
+        *,
+        tag: str | None,
+        tag_prefix: str | None,
+        grace_s: float,
+        kill_timeout_s: float,
+    ) -> TeardownReport: ...
+
+    def members(
+        self, handle: ServerHandle | None, *, tag: str | None, tag_prefix: str | None
+    ) -> set[int]: ...
+
+
+@dataclass
+class Backend:
+    """How servers are started here: real SGLang, or the simulated one."""
+
+    name: str  # "sglang" or "simulated"
+    #: The command before the flags: ``[python, "-m", "sglang.launch_server"]``.
+    command: list[str]
+    probe: GpuProbe
+    #: Extra environment for every launch (the simulated backend's knobs).
+    env: dict[str, str] = field(default_factory=dict)
+    #: The simulated host's RAM; None reads the real host's.
+    simulated_host_ram_bytes: int | None = None
+
+
+@dataclass
+class ServerInfo:
+    handle: ServerHandle
+    levers: LeverSet
+    started_at: str = field(default_factory=wall_iso)
+    ready_at: str | None = None
+    max_total_num_tokens: int | None = None
+
+
+class StartFailed(Exception):
+    """A launch did not become ready; the message says why (exit status, OOM, timeout)."""
+
+
+TransitionHook = Callable[[ServerState, ServerState, str], None]
+
+
+class Supervisor:
+    """Owns one SGLang server: its processes, its GPUs, its levers."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        backend: Backend,
+        procs: ProcessOps,
+        health: HealthChecker,
+        schema: FlagSchema,
+        store: Store,
+        clock: Callable[[], float] = time.monotonic,
+        poll_s: float = 0.1,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.probe = backend.probe
+        self.procs = procs
+        self.health = health
+        self.schema = schema
+        self.store = store
+        self.clock = clock
+        self.poll_s = poll_s
+        self.events = EventBus()
+        self.on_transition: list[TransitionHook] = []
+
+        self.state = S.STOPPED
+        self.state_since = clock()
+        self.state_reason = "daemon started"
+        self.levers = LeverSet()
+        self.last_good: LeverSet | None = None
+        self.server: ServerInfo | None = None
+        self.managed: list[GpuInfo] = []
+        self.baseline: dict[int, int] = {}
+        self.throughput = Throughput()
+        self.restarts = 0
+        self.restarts_by_reason: dict[str, int] = {}
+        self.crash_times: deque[float] = deque()
+        self.operation: Operation | None = None
+        self.operations: dict[str, Operation] = {}
+        self.warnings: list[str] = []
+        self.tag_prefix = f"{settings.instance}."
+        self._persisted = PersistedState()
+        self._op_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        self._shut_down = False
+        self._liveness_failures = 0
+
+    # ------------------------------------------------------------------ states
+
+    def _transition(self, new: ServerState, reason: str) -> None:
+        """The one place the state changes: checked, stamped, logged, published."""
+        old = self.state
+        check_transition(old, new, reason)
+        self.state = new
+        self.state_since = self.clock()
+        self.state_reason = reason
+        log.info("%s -> %s (%s)", old, new, reason)
+        for hook in self.on_transition:
+            hook(old, new, reason)
+        self.events.publish("transition", old=str(old), new=str(new), reason=reason)
+
+    # --------------------------------------------------------------- lifecycle
+
+    @property
+    def url(self) -> str:
+        s = self.settings.server
+        host = f"[{s.host}]" if ":" in s.host else s.host
+        return f"http://{host}:{s.port}"
+
+    async def start(self) -> None:
+        """Resolve the GPUs, clear leftovers of ours, measure baselines, launch.
+
+        Raises ``ValueError`` (bad config: unknown GPU, invalid initial levers) before
+        anything is started.
+        """
+        self._persisted = await asyncio.to_thread(self.store.load)
+        if self._persisted.load_warning:
+            self.warnings.append(self._persisted.load_warning)
+        names = self.settings.server.gpus or [str(d.index) for d in self.probe.devices()]
+        self.managed = await asyncio.to_thread(self._resolve, names)
+        initial = self._persisted.last_good or self._persisted.levers
+        if initial is None:
+            configured = LeverSet(self.settings.server.levers, self.settings.server.env)
+            try:
+                initial = check_levers(configured, self.schema)
+            except LeverError as exc:
+                raise ValueError(f"the configured initial levers are invalid: {exc}") from exc
+        self.levers = initial
+        self.last_good = self._persisted.last_good
+        if not self.probe.pids_are_local():
+            self.warnings.append(
+                "GPU process ids come from another PID namespace (a container without the "
+                "host's PID namespace): membership by pid is impossible, so release is "
+                "decided by GPU memory alone"
+            )
+        self._tasks = [
+            asyncio.create_task(self._watch_exit(), name="watch-exit"),
+            asyncio.create_task(self._watch_liveness(), name="watch-liveness"),
+            asyncio.create_task(self._watch_telemetry(), name="watch-telemetry"),
+        ]
+        op = self._begin("start", None)
+        self._run(op, self._initial_start(op))
+
+    def _resolve(self, names: list[str]) -> list[GpuInfo]:
+        from supervisor.gpu import resolve_gpus
+
+        return resolve_gpus(self.probe, names)
+
+    async def _initial_start(self, op: Operation) -> None:
+        # Leftovers of an earlier daemon (same instance tag) go first, so the baseline is
+        # measured with nothing of ours on the GPUs.
+        members = await asyncio.to_thread(self._members_now)
+        try:
+            if members:
+                await self._clear_leftovers(op, members)
+        except StartFailed as exc:
+            op.finish(FAILED, str(exc))
+            return
+        await self._measure_baseline()
+        if not await self._launch_until_ready(op, self.levers, probation=False):
+            await self._recover_loop(op, op.rollback_reason or "the initial start failed")
+            return
+        await self._commit(op, self.levers)
+
+    async def _clear_leftovers(self, op: Operation, members: set[int]) -> None:
+        """stopped -> stopping -> releasing -> stopped for processes an earlier daemon left.
+
+        No baseline exists yet, so release here means: no member pid on any managed GPU.
+        """
+        reason = f"leftover processes of this instance: {sorted(members)}"
+        self._transition(S.STOPPING, reason)
+        ph = op.phase("leftovers_stop")
+        report = await self._teardown_blocking(None)
+        ph.end(SUCCEEDED if report.clean else FAILED, report.describe())
+        self._transition(S.RELEASING, reason)
+        ph = op.phase("leftovers_release")
+        known = set(report.members)
+        result = await asyncio.to_thread(
+            wait_released,
+            self.probe,
+            self._indices(),
+            {g.index: g.memory_total_bytes for g in self.managed},
+            lambda: known,
+            timeout_s=self._release_timeout(None),
+            tolerance_bytes=0,
+            consecutive=self.settings.timeouts.release_samples,
+        )
+        if not result.released or not report.clean:
+            why = f"leftovers could not be cleared: {report.describe()}; {result.describe()}"
+            ph.end(FAILED, why)
+            self._transition(S.FAILED, why)
+            raise StartFailed(why)
+        ph.end(SUCCEEDED, result.describe())
+        self._transition(S.STOPPED, "leftovers cleared")
+
+    async def _measure_baseline(self) -> None:
+        try:
+            samples = await asyncio.to_thread(self.probe.sample, self._indices())
+        except GpuQueryError as exc:
+            raise ValueError(f"cannot read the managed GPUs: {exc}") from exc
+        self.baseline = {s.index: s.memory_used_bytes for s in samples}
+
+    async def shutdown(self) -> None:
+        """Stop the server (SIGTERM, grace, SIGKILL), verify the GPUs released, stop watching.
+
+        Called on the daemon's SIGTERM/SIGINT. A running operation is cancelled first.
+        Idempotent: a second call returns at once.
+        """
+        if self._shut_down:
+            return
+        self._shut_down = True
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        if self._op_task is not None and not self._op_task.done():
+            self._op_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._op_task
+        if self.operation is not None and not self.operation.finished:
+            self.operation.finish(FAILED, "the daemon was shut down during the operation")
+            self.operation = None
+        op = Operation(kind="shutdown")
+        self.operations[op.id] = op
+        released = await self._stop_and_release(op, "daemon shutdown", S.STOPPED)
+        op.finish(SUCCEEDED if released else FAILED, None if released else self.state_reason)
+        self._persisted.server = None
+        with contextlib.suppress(StoreError):
+            await asyncio.to_thread(self._save)
+        await self.health.aclose()
+        self.probe.close()
+
+    # -------------------------------------------------------------- operations
+
+    def _begin(self, kind: str, requested: LeverSet | None) -> Operation:
+        if self._closing:
+            raise Busy(Operation(kind="shutdown"))
+        current = self.operation
+        if current is not None and not current.finished:
+            raise Busy(current)
+        op = Operation(
+            kind=kind, levers_requested=None if requested is None else requested.to_json()
+        )
+        op.listener = self._publish_phase
+        self.operation = op
+        self.operations[op.id] = op
+        while len(self.operations) > 200:
+            self.operations.pop(next(iter(self.operations)))
+        self.events.publish("operation", id=op.id, op_kind=kind, state="running")
+        return op
+
+    def _publish_phase(self, op: Operation, phase: dict[str, Any]) -> None:
+        self.events.publish("phase", operation=op.id, op_kind=op.kind, **phase)
+
+    def _run(self, op: Operation, coro: Any) -> None:
+        async def runner() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                if not op.finished:
+                    op.finish(FAILED, "cancelled: the daemon is shutting down")
+                raise
+            except Exception as exc:  # a bug; never leave the operation "running"
+                log.exception("operation %s (%s) crashed", op.id, op.kind)
+                if not op.finished:
+                    op.finish(FAILED, f"internal error: {type(exc).__name__}: {exc}")
+            finally:
+                if not op.finished:
+                    op.finish(SUCCEEDED)
+                self.events.publish("operation", id=op.id, op_kind=op.kind, state=op.state)
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self.store.append_history, op.to_json())
+                if self.operation is op:
+                    self.operation = None
+
+        self._op_task = asyncio.create_task(runner(), name=f"op-{op.kind}-{op.id}")
+
+    def _preempt_backoff(self) -> None:
+        """An operator's request wins over a restart that is only waiting out its backoff."""
+        op = self.operation
+        if (
+            op is not None
+            and op.kind == "recover"
+            and self.state == S.BACKOFF
+            and self._op_task is not None
+        ):
+            self._op_task.cancel()
+            op.finish(FAILED, "superseded by an operator's request during backoff")
+            self.operation = None
+
+    async def validate(self, requested: LeverSet) -> LeverSet:
+        """Check a full lever set; raises ``LeverError`` naming every bad lever."""
+        return check_levers(requested, self.schema)
+
+    async def preflight(self, levers: LeverSet) -> list[LeverProblem]:
+        """Resource problems of ``levers`` on this host (empty: it can start)."""
+        samples: list[GpuSample] | None
+        try:
+            samples = await asyncio.to_thread(self.probe.sample, self._indices())
+        except GpuQueryError as exc:
+            return [LeverProblem("gpus", f"cannot query the managed GPUs: {exc}")]
+        members = await asyncio.to_thread(self._members_now)
+        running = self.state not in IDLE_STATES
+        freed = 0
+        if running and self.server is not None:
+            gpu_total = min((g.memory_total_bytes for g in self.managed), default=0)
+            freed = preflight.pinned_host_bytes(self.server.levers.levers, gpu_total)
+        return await asyncio.to_thread(
+            preflight.check,
+            levers,
+            managed=self.managed,
+            samples=samples,
+            member_pids=members,
+            pids_are_local=self.probe.pids_are_local(),
+            host=preflight.host_facts(self.backend.simulated_host_ram_bytes),
+            freed_on_stop_bytes=freed,
+            server_host=self.settings.server.host,
+            server_port=self.settings.server.port,
+            port_is_ours=running,
+        )
+
+    async def submit_apply(
+        self,
+        levers: Mapping[str, Any],
+        env: Mapping[str, Any],
+        *,
+        replace: bool = False,
+        dry_run: bool = False,
+        drain_timeout_s: float = 0.0,
+    ) -> Operation:
+        """Validate and preflight a lever change, then run it as an operation.
+
+        Raises ``LeverError`` (nothing touched) or ``Busy``. With ``dry_run`` the returned
+        operation is already finished and nothing was touched.
+        """
+        if not dry_run and self.operation is not None and not self.operation.finished:
+            self._preempt_backoff()
+            if self.operation is not None:
+                raise Busy(self.operation)
+        requested = self.levers.merged(levers, env, replace=replace)
+        t0 = time.monotonic()
+        checked = await self.validate(requested)
+        t_validate = time.monotonic() - t0
+        problems = await self.preflight(checked)
+        t_preflight = time.monotonic() - t0 - t_validate
+        if problems:
+            raise LeverError(problems)
+        if dry_run:
+            op = Operation(kind="apply", levers_requested=checked.to_json(), dry_run=True)
+            self.operations[op.id] = op
+        else:
+            self._preempt_backoff()
+            op = self._begin("apply", checked)
+        for name, took in (("validate", t_validate), ("preflight", t_preflight)):
+            ph = op.phase(name)
+            ph.end(SUCCEEDED, f"{took * 1000:.1f} ms")
+        if dry_run:
+            diff = self.levers.diff(checked)
+            op.levers_effective = self.levers.to_json()
+            op.finish(SUCCEEDED)
+            op.phases[-1].detail += f"; would change {', '.join(diff) or 'nothing'}"
+            return op
+        drain = min(max(0.0, drain_timeout_s), self.settings.timeouts.max_drain_s)
+        self._run(op, self._apply(op, checked, drain))
+        return op
+
+    def submit_stop(self) -> Operation:
+        self._preempt_backoff()
+        op = self._begin("stop", None)
+        self._run(op, self._stop_op(op))
+        return op
+
+    def submit_start(self) -> Operation:
+        self._preempt_backoff()
+        op = self._begin("start", self.levers)
+        self._run(op, self._start_op(op))
+        return op
+
+    def submit_restart(self) -> Operation:
+        self._preempt_backoff()
+        op = self._begin("restart", self.levers)
+        self._run(op, self._restart_op(op))
+        return op
+
+    async def _stop_op(self, op: Operation) -> None:
+        if await self._stop_and_release(op, f"operator stop ({op.id})", S.STOPPED):
+            op.levers_effective = None
+            op.finish(SUCCEEDED)
+        else:
+            op.finish(FAILED, self.state_reason)
+
+    async def _start_op(self, op: Operation) -> None:
+        if self.state == S.READY:
+            op.levers_effective = self.levers.to_json()
+            op.phase("start").end(SUCCEEDED, "already ready; nothing to do")
+            op.finish(SUCCEEDED)
+            return
+        if not await self._stop_and_release(op, f"clean up before start ({op.id})", S.STOPPED):
+            op.finish(FAILED, self.state_reason)
+            return
+        if await self._launch_until_ready(op, self.levers, probation=False):
+            await self._commit(op, self.levers)
+        else:
+            await self._stop_and_release(op, "start failed", S.STOPPED, prefix="cleanup_")
+            op.finish(FAILED, op.rollback_reason)
+
+    async def _restart_op(self, op: Operation) -> None:
+        if not await self._stop_and_release(op, f"operator restart ({op.id})", S.STOPPED):
+            op.finish(FAILED, self.state_reason)
+            return
+        if await self._launch_until_ready(op, self.levers, probation=False):
+            await self._commit(op, self.levers)
+        else:
+            await self._stop_and_release(op, "restart failed", S.STOPPED, prefix="cleanup_")
+            op.finish(FAILED, op.rollback_reason)
+
+    async def _apply(self, op: Operation, new: LeverSet, drain_s: float) -> None:
+        """drain -> stop -> release -> start -> (probation) -> commit, or roll back."""
+        self._persisted.pending_operation = {"id": op.id, "kind": "apply", "levers": new.to_json()}
+        await self._save_quietly()
+        if drain_s > 0 and self.state == S.READY:
+            await self._drain(op, drain_s)
+        if not await self._stop_and_release(op, f"apply {op.id}", S.STOPPED):
+            op.finish(FAILED, f"the old server could not be released: {self.state_reason}")
+            return
+        if await self._launch_until_ready(op, new, probation=True):
+            await self._commit(op, new)
+            return
+        # The new levers failed: roll back to the last good ones.
+        reason = op.rollback_reason or "the new levers failed"
+        if not await self._stop_and_release(op, "roll back", S.STOPPED, prefix="rollback_"):
+            op.finish(FAILED, f"{reason}; then the failed server could not be released")
+            return
+        if self.last_good is None:
+            op.finish(FAILED, f"{reason}; there are no last-good levers to roll back to")
+            return
+        good = self.last_good
+        if await self._launch_until_ready(op, good, probation=False, phase="rollback_start"):
+            op.rollback_reason = reason
+            op.levers_effective = good.to_json()
+            self._persisted.pending_operation = None
+            await self._save_quietly()
+            op.finish(ROLLED_BACK, reason)
+            return
+        second = op.rollback_reason
+        await self._stop_and_release(
+            op,
+            f"rolling back to the last-good levers failed: {second}",
+            S.FAILED,
+            prefix="cleanup_",
+        )
+        op.rollback_reason = reason
+        op.finish(FAILED, f"{reason}; rolling back also failed: {second}")
+
+    async def _commit(self, op: Operation, levers: LeverSet) -> None:
+        ph = op.phase("commit")
+        self.levers = levers
+        self.last_good = levers
+        self._persisted.levers = levers
+        self._persisted.last_good = levers
+        self._persisted.pending_operation = None
+        op.levers_effective = levers.to_json()
+        try:
+            await asyncio.to_thread(self._save)
+        except StoreError as exc:
+            ph.end(FAILED, str(exc))
+            op.finish(FAILED, f"the new levers serve, but persisting them failed: {exc}")
+            return
+        ph.end(SUCCEEDED, f"last-good levers are now {levers.digest()}")
+        op.finish(SUCCEEDED)
+
+    async def _drain(self, op: Operation, timeout_s: float) -> None:
+        ph = op.phase("drain")
+        self._transition(S.DRAINING, f"drain up to {timeout_s:.0f}s ({op.id})")
+        deadline = self.clock() + timeout_s
+        pending: float | None = None
+        while self.clock() < deadline:
+            text = await self.health.metrics_text(self.url, 2.0)
+            if text is not None:
+                t = parse_metrics(text)
+                pending = (t.running_requests or 0) + (t.queued_requests or 0)
+                if pending == 0:
+                    ph.end(SUCCEEDED, "no running or queued requests")
+                    return
+            await asyncio.sleep(max(self.poll_s, 0.25))
+        ph.end(SUCCEEDED, f"timed out after {timeout_s:.0f}s with {pending} requests left")
+
+    # ------------------------------------------------------- stop and release
+
+    def _members_now(self) -> set[int]:
+        handle = self.server.handle if self.server is not None else None
+        return self.procs.members(handle, tag=None, tag_prefix=self.tag_prefix)
+
+    async def _teardown_blocking(self, handle: ServerHandle | None) -> TeardownReport:
+        t = self.settings.timeouts
+        return await asyncio.to_thread(
+            self.procs.teardown,
+            handle,
+            tag=None if handle is None else handle.tag,
+            tag_prefix=self.tag_prefix,
+            grace_s=t.stop_grace_s,
+            kill_timeout_s=t.kill_timeout_s,
+        )
+
+    def _release_timeout(self, levers: LeverSet | None) -> float:
+        t = self.settings.timeouts
+        if levers is None:
+            return t.release_timeout_s
+        gpu_total = min((g.memory_total_bytes for g in self.managed), default=0)
+        pinned_gib = preflight.pinned_host_bytes(levers.levers, gpu_total) / 2**30
+        return t.release_timeout_s + t.release_s_per_pinned_gib * pinned_gib
+
+    async def _stop_and_release(
+        self, op: Operation, reason: str, then: ServerState, prefix: str = ""
+    ) -> bool:
+        """stopping -> releasing -> ``then`` (or failed). Returns whether GPUs are released.
+
+        SIGTERM to the process group and every member, SIGKILL after ``stop_grace_s``,
+        then wait until every managed GPU shows no member and baseline memory.
+        """
+        if self.state not in (S.STOPPING, S.RELEASING):
+            self._transition(S.STOPPING, reason)
+        handle = self.server.handle if self.server is not None else None
+        levers = self.server.levers if self.server is not None else None
+        ph = op.phase(prefix + "stop")
+        report = await self._teardown_blocking(handle)
+        ph.end(SUCCEEDED if report.clean else FAILED, report.describe())
+        self.events.publish("teardown", operation=op.id, **report.to_json())
+        if self.state == S.STOPPING:
+            self._transition(S.RELEASING, reason)
+        ph = op.phase(prefix + "release")
+        known = set(report.members)
+
+        def members() -> set[int]:
+            return known | {s.pid for s in report.survivors}
+
+        t = self.settings.timeouts
+        loop = asyncio.get_running_loop()
+
+        def on_sample(samples: list[GpuSample]) -> None:
+            data = [{"index": s.index, "memory_used_bytes": s.memory_used_bytes} for s in samples]
+            loop.call_soon_threadsafe(
+                lambda: self.events.publish("release_sample", operation=op.id, gpus=data)
+            )
+
+        result = await asyncio.to_thread(
+            wait_released,
+            self.probe,
+            self._indices(),
+            self.baseline,
+            members,
+            timeout_s=self._release_timeout(levers),
+            tolerance_bytes=t.release_tolerance_mib * 2**20,
+            consecutive=t.release_samples,
+            interval_s=0.05,
+            on_sample=on_sample,
+        )
+        self.server = None
+        self._persisted.server = None
+        await self._save_quietly()
+        if result.released:
+            ph.end(SUCCEEDED, result.describe())
+            self._transition(then, f"{reason}: GPUs released")
+            return True
+        why = result.describe()
+        if report.survivors:
+            why += "; still alive: " + "; ".join(s.describe() for s in report.survivors)
+        foreign = sorted({p for g in result.gpus for p in g.foreign_pids})
+        if foreign:
+            why += f"; processes not ours on the GPUs: {foreign} (never killed automatically)"
+        ph.end(FAILED, why)
+        self._transition(S.FAILED, why)
+        return False
+
+    # ---------------------------------------------------------------- launch
+
+    def _indices(self) -> list[int]:
+        return [g.index for g in self.managed]
+
+    def _argv(self, levers: LeverSet) -> list[str]:
+        s = self.settings.server
+        return [
+            *self.backend.command,
+            *render_argv(levers, self.schema),
+            "--host",
+            s.host,
+            "--port",
+            str(s.port),
+            "--enable-metrics",
+        ]
+
+    def _env(self, levers: LeverSet) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SUPERVISOR_")}
+        env.update(self.backend.env)
+        env.update(levers.env)
+        # CUDA numbers GPUs fastest-first unless told otherwise; NVML by PCI bus. UUIDs
+        # make the assignment unambiguous.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in self.managed)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        return env
+
+    async def _launch_until_ready(
+        self, op: Operation, levers: LeverSet, *, probation: bool, phase: str = "start"
+    ) -> bool:
+        """starting -> ready (+ probation). On failure the server is left for the caller
+        to tear down, and ``op.rollback_reason`` / ``op.log_tail`` say why."""
+        ph = op.phase(phase)
+        tag = f"{self.tag_prefix}{uuid.uuid4().hex[:12]}"
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        log_path = self.store.logs_dir / f"server-{stamp}-{tag.rsplit('.', 1)[-1]}.log"
+        self._transition(S.STARTING, f"{op.kind} {op.id}: levers {levers.digest()}")
+        self.levers = levers
+        try:
+            handle = await asyncio.to_thread(
+                self.procs.spawn, self._argv(levers), self._env(levers), tag=tag, log_path=log_path
+            )
+        except OSError as exc:
+            op.rollback_reason = str(exc)
+            ph.end(FAILED, str(exc))
+            return False
+        self.server = ServerInfo(handle=handle, levers=levers)
+        self._persisted.server = RecordedServer(
+            handle.pid, handle.create_time, tag, str(log_path), levers.to_json()
+        )
+        self._persisted.levers = levers
+        await self._save_quietly()
+        self.events.publish("launch", operation=op.id, pid=handle.pid, tag=tag, log=str(log_path))
+        try:
+            await self._wait_ready(handle)
+            ph.end(SUCCEEDED, f"pid {handle.pid} ready")
+            if probation and self.settings.timeouts.probation_s > 0:
+                ph = op.phase("probation")
+                await self._probation(handle)
+                ph.end(SUCCEEDED, f"pid {handle.pid} still serving")
+        except StartFailed as exc:
+            op.rollback_reason = str(exc)
+            op.log_tail = await asyncio.to_thread(tail_lines, log_path, 30)
+            ph.end(FAILED, str(exc))
+            return False
+        return True
+
+    async def _wait_ready(self, handle: ServerHandle) -> None:
+        t = self.settings.timeouts
+        t0 = self.clock()
+        deadline = t0 + t.ready_timeout_s
+        while True:
+            if handle.poll():
+                raise StartFailed(await self._exit_reason(handle, "during start"))
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                raise StartFailed(
+                    f"not ready after {t.ready_timeout_s:.0f}s (ready_timeout_s): "
+                    f"/health_generate never answered 200; pid {handle.pid} was still running"
+                )
+            probe = await self.health.generate_ok(self.url, min(5.0, max(0.5, remaining)))
+            if probe.ok:
+                break
+            await asyncio.sleep(self.poll_s)
+        info: dict[str, Any] = {}
+        with contextlib.suppress(Exception):
+            info = await self.health.server_info(self.url, 5.0)
+        assert self.server is not None
+        self.server.ready_at = wall_iso()
+        tokens = info.get("max_total_num_tokens")
+        self.server.max_total_num_tokens = int(tokens) if isinstance(tokens, (int, float)) else None
+        self._liveness_failures = 0
+        self._transition(
+            S.READY, f"pid {handle.pid} answered /health_generate after {self.clock() - t0:.1f}s"
+        )
+
+    async def _probation(self, handle: ServerHandle) -> None:
+        deadline = self.clock() + self.settings.timeouts.probation_s
+        while self.clock() < deadline:
+            if handle.poll():
+                raise StartFailed(await self._exit_reason(handle, "within the probation window"))
+            await asyncio.sleep(self.poll_s)
+
+    async def _exit_reason(self, handle: ServerHandle, when: str) -> str:
+        why = f"the server (pid {handle.pid}) {handle.describe_exit()} {when}"
+        tail = await asyncio.to_thread(tail_lines, handle.log_path, 60)
+        text = "\n".join(tail).lower()
+        if "out of memory" in text or "outofmemoryerror" in text:
+            why += (
+                "; its log reports CUDA out of memory: lower mem_fraction_static "
+                "(or max_running_requests / chunked_prefill_size)"
+            )
+        elif "error: unrecognized arguments" in text or "error: argument" in text:
+            line = next((ln for ln in reversed(tail) if "error:" in ln), "")
+            why += f"; it rejected its arguments: {line.strip()}"
+        return why
+
+    # ------------------------------------------------------------ crash path
+
+    async def _recover_loop(self, op: Operation, reason: str) -> None:
+        """Release, back off, relaunch the same levers; crash loop -> failed."""
+        t = self.settings.timeouts
+        while True:
+            now = self.clock()
+            self.crash_times.append(now)
+            while self.crash_times and self.crash_times[0] < now - t.crash_loop_window_s:
+                self.crash_times.popleft()
+            if self.state != S.BACKOFF and not await self._stop_and_release(op, reason, S.BACKOFF):
+                op.finish(FAILED, self.state_reason)
+                return
+            crashes = len(self.crash_times)
+            if crashes >= t.crash_loop_count:
+                why = (
+                    f"crash loop: {crashes} failures within {t.crash_loop_window_s:.0f}s, the "
+                    f"last: {reason}; fix the cause, then POST /start or /levers"
+                )
+                self._transition(S.FAILED, why)
+                op.finish(FAILED, why)
+                return
+            delay = min(t.backoff_max_s, t.backoff_initial_s * 2 ** max(0, crashes - 1))
+            ph = op.phase("backoff")
+            await asyncio.sleep(delay)
+            ph.end(SUCCEEDED, f"waited {delay:.1f}s after: {reason}")
+            if await self._launch_until_ready(op, self.levers, probation=False):
+                self.restarts += 1
+                op.levers_effective = self.levers.to_json()
+                op.finish(SUCCEEDED)
+                return
+            reason = op.rollback_reason or "restart failed"
+
+    def _on_crash(self, kind: str, reason: str) -> None:
+        if self.operation is not None or self._closing or self.state != S.READY:
+            return
+        self.restarts_by_reason[kind] = self.restarts_by_reason.get(kind, 0) + 1
+        log.warning("server %s: %s", kind, reason)
+        op = self._begin("recover", self.levers)
+        op.rollback_reason = reason
+        self._run(op, self._recover_loop(op, reason))
+
+    async def _watch_exit(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            server = self.server
+            if server is None or self.operation is not None or self.state != S.READY:
+                continue
+            if server.handle.poll():
+                self._on_crash("crash", await self._exit_reason(server.handle, "while ready"))
+
+    async def _watch_liveness(self) -> None:
+        t = self.settings.timeouts
+        while True:
+            await asyncio.sleep(t.liveness_interval_s)
+            if self.operation is not None or self.state != S.READY or self.server is None:
+                self._liveness_failures = 0
+                continue
+            probe = await self.health.generate_ok(self.url, t.liveness_timeout_s)
+            if probe.ok or self.operation is not None or self.state != S.READY:
+                self._liveness_failures = 0
+                continue
+            self._liveness_failures += 1
+            log.warning(
+                "liveness probe %d/%d failed: %s",
+                self._liveness_failures,
+                t.liveness_failures,
+                probe.detail,
+            )
+            if self._liveness_failures >= t.liveness_failures:
+                self._liveness_failures = 0
+                self._on_crash(
+                    "hung",
+                    f"hung: {t.liveness_failures} consecutive liveness probes failed "
+                    f"(last: {probe.detail})",
+                )
+
+    async def _watch_telemetry(self, interval_s: float = 2.0) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            server = self.server
+            if server is None or self.state not in (S.READY, S.DRAINING):
+                continue
+            text = await self.health.metrics_text(self.url, 2.0)
+            if text is not None:
+                with contextlib.suppress(ValueError):
+                    self.throughput = parse_metrics(text)
+                    continue
+            fallback = await asyncio.to_thread(last_decode_line, server.handle.log_path)
+            if fallback is not None:
+                self.throughput = fallback
+
+    # --------------------------------------------------------------- queries
+
+    def _save(self) -> None:
+        self.store.save(self._persisted)
+
+    async def _save_quietly(self) -> None:
+        try:
+            await asyncio.to_thread(self._save)
+        except StoreError as exc:
+            log.error("%s", exc)
+            if str(exc) not in self.warnings:
+                self.warnings.append(str(exc))
+
+    async def gpu_status(self) -> list[dict[str, Any]]:
+        try:
+            samples = await asyncio.to_thread(self.probe.sample, self._indices())
+            members = await asyncio.to_thread(self._members_now)
+        except GpuQueryError as exc:
+            return [{"index": g.index, "uuid": g.uuid, "error": str(exc)} for g in self.managed]
+        return [
+            {
+                "index": s.index,
+                "uuid": s.uuid,
+                "name": s.name,
+                "memory_used_bytes": s.memory_used_bytes,
+                "memory_total_bytes": s.memory_total_bytes,
+                "baseline_bytes": self.baseline.get(s.index),
+                "processes": [
+                    {"pid": p.pid, "used_bytes": p.used_bytes, "member": p.pid in members}
+                    for p in s.processes
+                ],
+            }
+            for s in samples
+        ]
+
+    async def status(self) -> dict[str, Any]:
+        server = self.server
+        return {
+            "state": str(self.state),
+            "state_reason": self.state_reason,
+            "state_for_s": round(self.clock() - self.state_since, 3),
+            "backend": self.backend.name,
+            "server": None
+            if server is None
+            else {
+                "pid": server.handle.pid,
+                "url": self.url,
+                "started_at": server.started_at,
+                "ready_at": server.ready_at,
+                "max_total_num_tokens": server.max_total_num_tokens,
+                "launch_tag": server.handle.tag,
+                "log_path": str(server.handle.log_path),
+            },
+            "levers": dict(self.levers.levers),
+            "env": dict(self.levers.env),
+            "last_good_levers": None if self.last_good is None else self.last_good.to_json(),
+            "gpus": await self.gpu_status(),
+            "gpu_probe": {"kind": self.probe.kind, "pids_are_local": self.probe.pids_are_local()},
+            "operation": None if self.operation is None else self.operation.to_json(),
+            "restarts": self.restarts,
+            "restarts_by_reason": dict(self.restarts_by_reason),
+            "throughput": self.throughput.to_json(),
+            "schema": {"sglang_version": self.schema.sglang_version, "source": self.schema.source},
+            "warnings": list(self.warnings),
+        }

@@ -1,0 +1,52 @@
+"""An in-process event bus: state transitions and operation phases, for ``GET /events``.
+
+Subscribers get a bounded queue each; a slow subscriber loses its oldest events rather
+than slowing the supervisor down. ``publish`` never blocks and never raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+Event = dict[str, Any]
+
+
+class EventBus:
+    def __init__(self, history: int = 200, queue_size: int = 1000) -> None:
+        self._subscribers: set[asyncio.Queue[Event]] = set()
+        self._history: deque[Event] = deque(maxlen=history)
+        self._queue_size = queue_size
+        self._seq = itertools.count(1)
+
+    def publish(self, kind: str, **data: Any) -> Event:
+        """Send ``{seq, time, kind, ...data}`` to every subscriber. Call from the loop thread."""
+        event: Event = {"seq": next(self._seq), "time": time.time(), "kind": kind, **data}
+        self._history.append(event)
+        for q in list(self._subscribers):
+            if q.full():
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    q.get_nowait()
+            q.put_nowait(event)
+        return event
+
+    def recent(self) -> list[Event]:
+        return list(self._history)
+
+    async def subscribe(self, replay: bool = False) -> AsyncIterator[Event]:
+        """Yield events as they come (after the recent history when ``replay``)."""
+        q: asyncio.Queue[Event] = asyncio.Queue(self._queue_size)
+        if replay:
+            for event in self._history:
+                q.put_nowait(event)
+        self._subscribers.add(q)
+        try:
+            while True:
+                yield await q.get()
+        finally:
+            self._subscribers.discard(q)

@@ -1,0 +1,125 @@
+"""Operation records: one apply / stop / start / restart / recover, with its phases.
+
+An operation ends ``succeeded``, ``rolled_back`` (the new levers failed, the last-good
+ones serve again) or ``failed`` (it could not get back to a serving state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+ROLLED_BACK = "rolled_back"
+FAILED = "failed"
+OUTCOMES = (SUCCEEDED, ROLLED_BACK, FAILED)
+
+
+def wall_iso(ts: float | None = None) -> str:
+    """An ISO-8601 UTC timestamp for display (deadlines never use the wall clock)."""
+    return datetime.fromtimestamp(time.time() if ts is None else ts, UTC).isoformat(
+        timespec="milliseconds"
+    )
+
+
+@dataclass
+class Phase:
+    name: str
+    state: str = RUNNING
+    started_at: str = field(default_factory=wall_iso)
+    ended_at: str | None = None
+    detail: str = ""
+    _t0: float = field(default_factory=time.monotonic, repr=False)
+    duration_s: float | None = None
+    _notify: Callable[[Phase], None] | None = field(default=None, repr=False)
+
+    def end(self, state: str, detail: str = "") -> None:
+        self.state = state
+        self.ended_at = wall_iso()
+        self.duration_s = time.monotonic() - self._t0
+        if detail:
+            self.detail = detail
+        if self._notify is not None:
+            self._notify(self)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "duration_s": None if self.duration_s is None else round(self.duration_s, 4),
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class Operation:
+    kind: str
+    levers_requested: dict[str, Any] | None = None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    state: str = RUNNING
+    phases: list[Phase] = field(default_factory=list)
+    error: str | None = None
+    #: Why the new levers were judged failed (set when the operation rolled back).
+    rollback_reason: str | None = None
+    #: The failed launch's last log lines, when a start failed.
+    log_tail: list[str] = field(default_factory=list)
+    levers_effective: dict[str, Any] | None = None
+    dry_run: bool = False
+    created_at: str = field(default_factory=wall_iso)
+    ended_at: str | None = None
+    _t0: float = field(default_factory=time.monotonic, repr=False)
+    duration_s: float | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    #: Called with each phase as it starts and ends (the event stream).
+    listener: Callable[[Operation, dict[str, Any]], None] | None = field(default=None, repr=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.state != RUNNING
+
+    def phase(self, name: str) -> Phase:
+        ph = Phase(name, _notify=self._notify)
+        self.phases.append(ph)
+        self._notify(ph)
+        return ph
+
+    def _notify(self, phase: Phase) -> None:
+        if self.listener is not None:
+            self.listener(self, phase.to_json())
+
+    def finish(self, state: str, error: str | None = None) -> None:
+        assert state in OUTCOMES, state
+        self.state = state
+        if error is not None:
+            self.error = error
+        self.ended_at = wall_iso()
+        self.duration_s = time.monotonic() - self._t0
+        for ph in self.phases:
+            if ph.state == RUNNING:
+                ph.end(FAILED, "interrupted")
+        self.done.set()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "state": self.state,
+            "dry_run": self.dry_run,
+            "created_at": self.created_at,
+            "ended_at": self.ended_at,
+            "duration_s": None if self.duration_s is None else round(self.duration_s, 4),
+            "phases": [p.to_json() for p in self.phases],
+            "error": self.error,
+            "rollback_reason": self.rollback_reason,
+            "log_tail": self.log_tail,
+            "levers_requested": self.levers_requested,
+            "levers_effective": self.levers_effective,
+        }

@@ -1,0 +1,181 @@
+"""Resource checks before anything is torn down: GPUs, host RAM, the port, the model path.
+
+Every refusal carries its numbers and names the lever it is about, so the operator can
+fix the request. Nothing here changes anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from supervisor.gpu import GpuInfo, GpuSample
+from supervisor.levers import LeverProblem, LeverSet
+
+GB = 1_000_000_000  # SGLang's hicache_size is in decimal gigabytes
+GiB = 1 << 30
+#: SGLang refuses a host pool larger than the available RAM minus this margin.
+SGLANG_HOST_RAM_MARGIN = 10 * GiB
+#: SGLang's hicache_ratio when the hierarchical cache is on and neither size nor ratio is set.
+DEFAULT_HICACHE_RATIO = 2.0
+
+
+def _int(levers: Mapping[str, Any], name: str, default: int = 1) -> int:
+    value = levers.get(name, default)
+    return int(value) if isinstance(value, (int, float, str)) and str(value).strip() else default
+
+
+def gpus_needed(levers: Mapping[str, Any]) -> int:
+    """GPUs one server uses: tp × pp × dp (data-parallel replicas each take tp × pp GPUs)."""
+    return _int(levers, "tp_size") * _int(levers, "pp_size") * _int(levers, "dp_size")
+
+
+def ranks(levers: Mapping[str, Any]) -> int:
+    return gpus_needed(levers)
+
+
+def host_pool_bytes_per_rank(levers: Mapping[str, Any], gpu_total_bytes: int) -> int:
+    """Pinned host memory one rank's hierarchical cache takes (0 when it is off).
+
+    ``hicache_size`` is decimal GB per rank. Without it, ``hicache_ratio`` × the device KV
+    pool, which is at most ``mem_fraction_static`` × the GPU's memory: an upper bound, as
+    the weights come out of that fraction too.
+    """
+    if not levers.get("enable_hierarchical_cache"):
+        return 0
+    size = _int(levers, "hicache_size", 0)
+    if size > 0:
+        return size * GB
+    ratio = float(levers.get("hicache_ratio") or DEFAULT_HICACHE_RATIO)
+    fraction = float(levers.get("mem_fraction_static") or 0.9)
+    return int(ratio * fraction * gpu_total_bytes)
+
+
+def pinned_host_bytes(levers: Mapping[str, Any], gpu_total_bytes: int) -> int:
+    return ranks(levers) * host_pool_bytes_per_rank(levers, gpu_total_bytes)
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    available_ram_bytes: int
+    #: "host" or "simulated".
+    ram_source: str
+
+
+def host_facts(simulated_ram_bytes: int | None) -> HostFacts:
+    if simulated_ram_bytes is not None:
+        return HostFacts(simulated_ram_bytes, "simulated")
+    return HostFacts(int(psutil.virtual_memory().available), "host")
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """None when ``host:port`` can be bound now, else who holds it and what to do."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return f"cannot bind {host}:{port}: {exc.strerror}"
+        else:
+            return None
+    holder = ""
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections("tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
+                if conn.pid:
+                    name = psutil.Process(conn.pid).name()
+                    holder = f" by pid {conn.pid} ({name})"
+                break
+    return (
+        f"server port {host}:{port} is in use{holder}; stop that process or set "
+        "server.port / --server-port to a free port"
+    )
+
+
+def check(
+    levers: LeverSet,
+    *,
+    managed: Sequence[GpuInfo],
+    samples: Sequence[GpuSample] | None,
+    member_pids: set[int],
+    pids_are_local: bool,
+    host: HostFacts,
+    freed_on_stop_bytes: int,
+    server_host: str,
+    server_port: int,
+    port_is_ours: bool,
+) -> list[LeverProblem]:
+    """Every reason ``levers`` cannot start on this host; empty when it can.
+
+    ``freed_on_stop_bytes`` is the pinned host memory the running server gives back when
+    it stops (its own hierarchical cache), counted as available for the new one.
+    """
+    lv = levers.levers
+    problems: list[LeverProblem] = []
+    need = gpus_needed(lv)
+    if need > len(managed):
+        problems.append(
+            LeverProblem(
+                "tp_size",
+                f"tp_size {_int(lv, 'tp_size')} × pp_size {_int(lv, 'pp_size')} × dp_size "
+                f"{_int(lv, 'dp_size')} needs {need} GPUs, but this supervisor manages "
+                f"{len(managed)} ({', '.join(str(g.index) for g in managed)}); lower tp_size/"
+                "dp_size or add GPUs to server.gpus",
+            )
+        )
+    if samples is not None and pids_are_local:
+        for s in samples:
+            for proc in s.processes:
+                if proc.pid in member_pids:
+                    continue
+                used = "unknown" if proc.used_bytes is None else f"{proc.used_bytes / GiB:.1f} GiB"
+                problems.append(
+                    LeverProblem(
+                        "gpus",
+                        f"GPU {s.index} is used by pid {proc.pid} ({used}), which is not part of "
+                        "the server this supervisor manages; stop it or take the GPU out of "
+                        "server.gpus — it is never killed automatically",
+                    )
+                )
+    gpu_total = min((g.memory_total_bytes for g in managed), default=0)
+    per_rank = host_pool_bytes_per_rank(lv, gpu_total)
+    if per_rank:
+        total = per_rank * ranks(lv)
+        available = host.available_ram_bytes + freed_on_stop_bytes
+        budget = available - SGLANG_HOST_RAM_MARGIN
+        if total > budget:
+            lever = "hicache_size" if _int(lv, "hicache_size", 0) > 0 else "hicache_ratio"
+            problems.append(
+                LeverProblem(
+                    lever,
+                    f"the hierarchical cache needs {per_rank / GB:.1f} GB per rank × "
+                    f"{ranks(lv)} ranks = {total / GB:.1f} GB of pinned host RAM, but only "
+                    f"{available / GB:.1f} GB is available ({host.ram_source}, counting what the "
+                    f"running server frees) minus SGLang's {SGLANG_HOST_RAM_MARGIN / GiB:.0f} GiB "
+                    f"margin = {max(0, budget) / GB:.1f} GB; lower {lever}",
+                )
+            )
+    if not port_is_ours:
+        msg = port_problem(server_host, server_port)
+        if msg is not None:
+            problems.append(LeverProblem("port", msg))
+    model = lv.get("model_path")
+    if isinstance(model, str) and model.startswith(("/", "./", "../", "~")):
+        path = Path(model).expanduser()
+        if not path.exists():
+            problems.append(
+                LeverProblem(
+                    "model_path",
+                    f"model path {model} does not exist on this host; fix model_path",
+                )
+            )
+    return problems

@@ -1,0 +1,103 @@
+"""Assembling a Supervisor from settings: the backend (real or simulated) and the OS side."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from supervisor import process
+from supervisor.config import Settings
+from supervisor.core import Backend, ServerHandle, Supervisor
+from supervisor.health import HttpHealthChecker
+from supervisor.schema import FlagSchema, load_bundled
+from supervisor.store import Store
+
+GiB = 1 << 30
+
+
+class OsProcessOps:
+    """``ProcessOps`` on real processes (``supervisor.process``)."""
+
+    def __init__(self, cwd: Path | None = None) -> None:
+        self.cwd = cwd
+
+    def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str], *, tag: str, log_path: Path
+    ) -> ServerHandle:
+        return process.spawn(argv, env, tag=tag, log_path=log_path, cwd=self.cwd)
+
+    def teardown(
+        self,
+        handle: ServerHandle | None,
+        *,
+        tag: str | None,
+        tag_prefix: str | None,
+        grace_s: float,
+        kill_timeout_s: float,
+    ) -> process.TeardownReport:
+        launch = handle if isinstance(handle, process.Launch) else None
+        return process.teardown(
+            launch, tag=tag, tag_prefix=tag_prefix, grace_s=grace_s, kill_timeout_s=kill_timeout_s
+        )
+
+    def members(
+        self, handle: ServerHandle | None, *, tag: str | None, tag_prefix: str | None
+    ) -> set[int]:
+        launch = handle if isinstance(handle, process.Launch) else None
+        return set(process.find_members(launch, tag=tag, tag_prefix=tag_prefix))
+
+
+def build_backend(settings: Settings) -> Backend:
+    """The simulated backend under ``--simulate``, else SGLang on NVML-probed GPUs."""
+    if settings.simulate:
+        from supervisor.sim.gpus import SimGpuProbe
+
+        sim = settings.sim
+        registry = settings.state_dir / "sim-gpus"
+        registry.mkdir(parents=True, exist_ok=True)
+        env = {
+            "SGLANG_SIM_GPU_DIR": str(registry),
+            "SGLANG_SIM_GPU_MEMORY_MIB": str(sim.gpu_memory_mib),
+            "SGLANG_SIM_OOM_FRACTION": str(sim.oom_fraction),
+        }
+        if sim.startup_s is not None:
+            env["SGLANG_SIM_STARTUP_S"] = str(sim.startup_s)
+        probe = SimGpuProbe(
+            registry,
+            count=sim.gpus,
+            memory_total_mib=sim.gpu_memory_mib,
+            baseline_mib=sim.baseline_mib,
+        )
+        return Backend(
+            name="simulated",
+            command=[sys.executable, "-m", "supervisor.sim.server"],
+            probe=probe,
+            env=env,
+            simulated_host_ram_bytes=sim.host_ram_gib * GiB,
+        )
+    from supervisor.nvml import NvmlProbe
+
+    return Backend(
+        name="sglang",
+        command=[settings.server.python, "-m", "sglang.launch_server"],
+        probe=NvmlProbe(),
+    )
+
+
+def load_schema(settings: Settings) -> FlagSchema:
+    return load_bundled()
+
+
+def build_supervisor(settings: Settings) -> Supervisor:
+    """A Supervisor wired to real processes, real HTTP probes and the state directory."""
+    store = Store(settings.state_dir)
+    cwd = Path(settings.server.cwd) if settings.server.cwd else None
+    return Supervisor(
+        settings,
+        backend=build_backend(settings),
+        procs=OsProcessOps(cwd),
+        health=HttpHealthChecker(),
+        schema=load_schema(settings),
+        store=store,
+    )

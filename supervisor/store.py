@@ -1,0 +1,188 @@
+"""Persisted state: current and last-good levers, the recorded server, operation history.
+
+``state.json`` is replaced atomically (temporary file, fsync, rename, fsync of the
+directory); the copy it replaced is kept as ``state.prev.json``. Each file carries a
+SHA-256 of its content, so a corrupt or truncated file is detected and the previous good
+copy is used instead — and the problem is reported, not hidden.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from supervisor.levers import LeverSet
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.json"
+PREV_FILE = "state.prev.json"
+HISTORY_FILE = "operations.jsonl"
+FORMAT = 1
+
+
+class StoreError(RuntimeError):
+    """Persisting failed (disk full, permissions); the message says which file and why."""
+
+
+@dataclass
+class RecordedServer:
+    """The launcher a daemon started, so a restarted daemon can find it again."""
+
+    pid: int
+    create_time: float
+    tag: str
+    log_path: str
+    levers: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "create_time": self.create_time,
+            "tag": self.tag,
+            "log_path": self.log_path,
+            "levers": self.levers,
+        }
+
+
+@dataclass
+class PersistedState:
+    levers: LeverSet | None = None
+    last_good: LeverSet | None = None
+    server: RecordedServer | None = None
+    #: An operation the daemon was running when it last wrote (interrupted if still set).
+    pending_operation: dict[str, Any] | None = None
+    #: What went wrong while loading, for /status (None when the file was fine or absent).
+    load_warning: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "levers": None if self.levers is None else self.levers.to_json(),
+            "last_good": None if self.last_good is None else self.last_good.to_json(),
+            "server": None if self.server is None else self.server.to_json(),
+            "pending_operation": self.pending_operation,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PersistedState:
+        server = data.get("server")
+        return cls(
+            levers=LeverSet.from_json(data["levers"]) if data.get("levers") else None,
+            last_good=LeverSet.from_json(data["last_good"]) if data.get("last_good") else None,
+            server=RecordedServer(**server) if server else None,
+            pending_operation=data.get("pending_operation"),
+        )
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so a reader sees the old or the new content, never half.
+
+    Raises ``StoreError`` (the old file intact) when the disk is full or not writable.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise StoreError(
+            f"cannot write {path}: {exc.strerror or exc} — the previous state is kept; "
+            "free disk space or fix permissions on the state directory"
+        ) from exc
+
+
+def _envelope(data: dict[str, Any]) -> str:
+    body = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(body.encode()).hexdigest()
+    return json.dumps({"format": FORMAT, "sha256": digest, "data": data}, indent=1) + "\n"
+
+
+def _open_envelope(path: Path) -> dict[str, Any]:
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    data = raw["data"]
+    body = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    if hashlib.sha256(body.encode()).hexdigest() != raw["sha256"]:
+        raise ValueError("checksum mismatch")
+    if not isinstance(data, dict):
+        raise ValueError("not an object")
+    return data
+
+
+class Store:
+    """The state directory. Methods block on disk I/O: call them from a thread."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.dir / "logs"
+
+    def load(self) -> PersistedState:
+        """The persisted state; falls back to the previous copy if the current is damaged."""
+        current, prev = self.dir / STATE_FILE, self.dir / PREV_FILE
+        problems = []
+        for path in (current, prev):
+            if not path.exists():
+                continue
+            try:
+                state = PersistedState.from_json(_open_envelope(path))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                problems.append(f"{path} is damaged ({exc})")
+                continue
+            if problems:
+                state.load_warning = "; ".join(problems) + f"; using {path}"
+                log.error("%s", state.load_warning)
+            return state
+        state = PersistedState()
+        if problems:
+            state.load_warning = "; ".join(problems) + "; starting from the configured levers"
+            log.error("%s", state.load_warning)
+        return state
+
+    def save(self, state: PersistedState) -> None:
+        """Persist ``state`` atomically, keeping the replaced copy as the previous one."""
+        with self._lock:
+            current, prev = self.dir / STATE_FILE, self.dir / PREV_FILE
+            text = _envelope(state.to_json())
+            if current.exists():
+                try:
+                    _open_envelope(current)
+                except (OSError, ValueError, KeyError, TypeError):
+                    pass  # never let a damaged file become the fallback
+                else:
+                    with contextlib.suppress(OSError):
+                        os.replace(current, prev)
+            atomic_write(current, text)
+
+    def append_history(self, record: dict[str, Any]) -> None:
+        """Append one finished operation to ``operations.jsonl`` (best effort)."""
+        with self._lock:
+            try:
+                with open(self.dir / HISTORY_FILE, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(record, sort_keys=True) + "\n")
+            except OSError as exc:
+                log.warning("cannot append to %s: %s", self.dir / HISTORY_FILE, exc)

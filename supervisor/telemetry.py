@@ -1,0 +1,110 @@
+"""What the server says about its load: SGLang's ``/metrics``, or its ``Decode batch`` lines.
+
+SGLang's gauges: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
+``sglang:gen_throughput``, ``sglang:token_usage``, ``sglang:cache_hit_rate``; counters
+``sglang:generation_tokens_total``, ``sglang:prompt_tokens_total``. When no metrics endpoint
+answers, the last ``Decode batch, #running-req: ...`` line of the log is the fallback.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+_GAUGES = {
+    "sglang:gen_throughput": "gen_tokens_per_s",
+    "sglang:num_running_reqs": "running_requests",
+    "sglang:num_queue_reqs": "queued_requests",
+    "sglang:token_usage": "token_usage",
+    "sglang:cache_hit_rate": "cache_hit_rate",
+}
+_COUNTERS = {
+    "sglang:generation_tokens": "generation_tokens_total",
+    "sglang:prompt_tokens": "prompt_tokens_total",
+}
+
+
+@dataclass
+class Throughput:
+    gen_tokens_per_s: float | None = None
+    running_requests: float | None = None
+    queued_requests: float | None = None
+    token_usage: float | None = None
+    cache_hit_rate: float | None = None
+    generation_tokens_total: float | None = None
+    prompt_tokens_total: float | None = None
+    #: "metrics", "log" or None (nothing read yet).
+    source: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_metrics(text: str) -> Throughput:
+    """Sum SGLang's series over their labels (one server may export per-DP-rank series)."""
+    out = Throughput(source="metrics")
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            key = _GAUGES.get(name)
+            if key is None and name.endswith("_total"):
+                key = _COUNTERS.get(name[: -len("_total")])
+            if key is None:
+                continue
+            prev = getattr(out, key)
+            value = float(sample.value)
+            if key in ("token_usage", "cache_hit_rate"):
+                # Ratios: keep the largest rank's value rather than a meaningless sum.
+                setattr(out, key, value if prev is None else max(prev, value))
+            else:
+                setattr(out, key, value if prev is None else prev + value)
+    return out
+
+
+_DECODE = re.compile(
+    r"Decode batch.*?#running-req:\s*(?P<running>\d+).*?token usage:\s*(?P<usage>[\d.]+)"
+    r".*?gen throughput \(token/s\):\s*(?P<tput>[\d.]+).*?#queue-req:\s*(?P<queue>\d+)"
+)
+
+
+def parse_decode_line(line: str) -> Throughput | None:
+    """Values from one ``Decode batch`` log line, or None if it is not one."""
+    m = _DECODE.search(line)
+    if m is None:
+        return None
+    return Throughput(
+        gen_tokens_per_s=float(m["tput"]),
+        running_requests=float(m["running"]),
+        queued_requests=float(m["queue"]),
+        token_usage=float(m["usage"]),
+        source="log",
+    )
+
+
+def last_decode_line(log_path: Path, max_bytes: int = 256 * 1024) -> Throughput | None:
+    """The newest ``Decode batch`` line in the last ``max_bytes`` of ``log_path``."""
+    for line in reversed(tail_lines(log_path, 2000, max_bytes)):
+        t = parse_decode_line(line)
+        if t is not None:
+            return t
+    return None
+
+
+def tail_lines(path: Path, n: int, max_bytes: int = 1024 * 1024) -> list[str]:
+    """The last ``n`` lines of ``path`` (reading at most ``max_bytes`` from its end)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    lines = data.decode(errors="replace").splitlines()
+    if size > max_bytes and lines:
+        lines = lines[1:]  # the first line is probably cut
+    return lines[-n:] if n > 0 else []
