@@ -792,9 +792,11 @@ class Supervisor:
             await asyncio.sleep(delay)
             ph.end(SUCCEEDED, f"waited {delay:.1f}s after: {reason}")
             if await self._launch_until_ready(op, self.levers, probation=False):
-                self.restarts += 1
-                op.levers_effective = self.levers.to_json()
-                op.finish(SUCCEEDED)
+                if op.kind == "recover":
+                    self.restarts += 1
+                # Serving again with these levers proves them good (and gives a first
+                # start that needed retries its last-good set).
+                await self._commit(op, self.levers)
                 return
             reason = op.rollback_reason or "restart failed"
 

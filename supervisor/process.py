@@ -272,19 +272,16 @@ class TeardownReport:
         }
 
 
-def _signal(pids: Iterable[int], sig: signal.Signals, alive: Mapping[int, float]) -> list[int]:
-    sent = []
+def _signal(pids: Iterable[int], sig: signal.Signals, alive: Mapping[int, float]) -> None:
     for pid in pids:
         if not _alive(pid, alive.get(pid)):
-            continue
+            continue  # gone, or the pid now belongs to another process
         try:
             os.kill(pid, sig)
-            sent.append(pid)
         except ProcessLookupError:
             pass  # ESRCH: already gone
         except PermissionError:
             pass  # not ours after all (pid reused by another user); the re-scan decides
-    return sent
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> None:
@@ -333,9 +330,11 @@ def teardown(
     members = find_members(launch, tag=tag, tag_prefix=tag_prefix)
     report.members = sorted(members)
     start = clock()
+    # Individually too: members that called setsid are not in the group.
+    report.sigterm_sent = sorted(members)
     if launch is not None and not launch.poll():
         _killpg(launch.pid, signal.SIGTERM)
-    report.sigterm_sent = _signal(sorted(members), signal.SIGTERM, members)
+    _signal(sorted(members), signal.SIGTERM, members)
 
     last_scan = start
 
@@ -357,9 +356,10 @@ def teardown(
     left = remaining(force_scan=True)
     if left:
         report.kill_after_s = clock() - start
+        report.sigkill_sent = sorted(left)
         if launch is not None and not launch.poll():
             _killpg(launch.pid, signal.SIGKILL)
-        report.sigkill_sent = _signal(sorted(left), signal.SIGKILL, left)
+        _signal(sorted(left), signal.SIGKILL, left)
         deadline = clock() + kill_timeout_s
         while left and clock() < deadline:
             sleep(poll_s)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install everything the tests need, then run lint, type checks and the whole test suite.
+# Fails (non-zero) on the first failing step. Used as-is by CI (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/pip install -q -e '.[test]'
+echo "== SGLang parser environment (.venv-sglang)"
+bash scripts/sglang-parser-env.sh .venv-sglang
+echo "== ruff"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+echo "== mypy"
+.venv/bin/mypy
+echo "== pytest"
+export SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON="$PWD/.venv-sglang/bin/python"
+.venv/bin/pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,51 @@
+"""Suite-wide guard: no process carrying a test launch tag may outlive the suite."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers import TEST_INSTANCE_PREFIX, Daemon, tagged_processes
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_stray_processes() -> Iterator[None]:
+    yield
+    stray = tagged_processes(TEST_INSTANCE_PREFIX)
+    described = [describe(p) for p in stray]
+    for p in stray:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    assert not stray, f"processes of the test suite left running: {described}"
+
+
+def describe(p: psutil.Process) -> str:
+    try:
+        return f"pid {p.pid} ppid {p.ppid()} {p.status()} {' '.join(p.cmdline())[:120]} " + str(
+            {k: v for k, v in p.environ().items() if k.startswith("SGLANG_")}
+        )
+    except psutil.Error as exc:
+        return f"pid {p.pid}: {exc}"
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[type[Daemon]]:
+    """Start daemons with ``daemon_factory(...)``-like calls; all are stopped afterwards."""
+    started: list[Daemon] = []
+
+    class _Factory(Daemon):
+        def __init__(self, **kw: object) -> None:
+            sub = tmp_path / f"d{len(started)}"
+            sub.mkdir()
+            super().__init__(sub, **kw)  # type: ignore[arg-type]
+            started.append(self)
+
+    yield _Factory
+    for d in started:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+        d.client.close()

@@ -1,0 +1,210 @@
+"""Shared test helpers: waiting on conditions with deadlines, free ports, a real daemon."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import psutil
+
+T = TypeVar("T")
+TEST_INSTANCE_PREFIX = "sgs-test"
+TAG_ENV = "SGLANG_SUPERVISOR_INSTANCE"
+
+
+def wait_until(
+    pred: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "condition"
+) -> T:
+    """Poll ``pred`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last: T = pred()
+    while not last:
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+        last = pred()
+    return last
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def tagged_processes(prefix: str) -> list[psutil.Process]:
+    """Live (non-zombie) processes whose environment carries a launch tag with ``prefix``."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            with open(f"/proc/{p.pid}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        needle = f"{TAG_ENV}={prefix}".encode()
+        if any(item.startswith(needle) for item in env.split(b"\0")):
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except psutil.Error:
+                continue
+    return out
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(value)
+
+
+def write_toml(path: Path, data: dict[str, Any]) -> None:
+    lines: list[str] = []
+
+    def section(prefix: str, table: dict[str, Any]) -> None:
+        scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        tables = {k: v for k, v in table.items() if isinstance(v, dict)}
+        if prefix:
+            lines.append(f"[{prefix}]")
+        lines.extend(f"{k} = {_toml(v)}" for k, v in scalars.items())
+        for k, v in tables.items():
+            section(f"{prefix}.{k}" if prefix else k, v)
+
+    section("", data)
+    path.write_text("\n".join(lines) + "\n")
+
+
+FAST_TIMEOUTS: dict[str, Any] = {
+    "stop_grace_s": 2.0,
+    "kill_timeout_s": 10.0,
+    "release_timeout_s": 10.0,
+    "release_samples": 2,
+    "ready_timeout_s": 20.0,
+    "probation_s": 0.5,
+    "liveness_interval_s": 0.3,
+    "liveness_timeout_s": 2.0,
+    "liveness_failures": 2,
+    "backoff_initial_s": 0.1,
+    "backoff_max_s": 0.5,
+    "crash_loop_count": 3,
+}
+
+
+class Daemon:
+    """A real ``sglang-supervisor serve --simulate`` process for one test."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        gpus: int = 4,
+        levers: dict[str, Any] | None = None,
+        timeouts: dict[str, Any] | None = None,
+        sim: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.dir = tmp
+        self.port = free_port()
+        self.server_port = free_port()
+        self.instance = f"{TEST_INSTANCE_PREFIX}-{uuid.uuid4().hex[:8]}"
+        config: dict[str, Any] = {
+            "simulate": True,
+            "instance": self.instance,
+            "state_dir": str(tmp / "state"),
+            "api": {"host": "127.0.0.1", "port": self.port},
+            "server": {
+                "port": self.server_port,
+                "levers": levers
+                or {"model_path": "sim/llama", "tp_size": gpus, "mem_fraction_static": 0.85},
+            },
+            "timeouts": {**FAST_TIMEOUTS, **(timeouts or {})},
+            "sim": {"gpus": gpus, "startup_s": 0.2, **(sim or {})},
+            **(extra or {}),
+        }
+        self.config_path = tmp / "config.toml"
+        write_toml(self.config_path, config)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.client = httpx.Client(base_url=self.url, timeout=60, trust_env=False)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = tmp / "daemon.log"
+
+    def start(self, wait_ready: bool = True) -> Daemon:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "serve", "--config", str(self.config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={k: v for k, v in os.environ.items() if k != TAG_ENV},
+        )
+        log.close()
+        wait_until(self._healthy, 30, 0.05, "the daemon's /healthz")
+        if wait_ready:
+            self.wait_state("ready")
+        return self
+
+    def _healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.log()}")
+        try:
+            return self.client.get("/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def status(self) -> dict[str, Any]:
+        r = self.client.get("/status")
+        r.raise_for_status()
+        data: dict[str, Any] = r.json()
+        return data
+
+    def wait_state(self, state: str, timeout: float = 30) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            s = self.status()
+            return s if s["state"] == state and s["operation"] is None else None
+
+        return wait_until(check, timeout, 0.05, f"state {state!r}")
+
+    def apply(
+        self,
+        levers: dict[str, Any] | None = None,
+        env: dict[str, Any] | None = None,
+        wait: bool = True,
+        **body: Any,
+    ) -> httpx.Response:
+        payload = {"levers": levers or {}, "env": env or {}, **body}
+        return self.client.post("/levers", params={"wait": str(wait).lower()}, json=payload)
+
+    def gpu_used(self) -> list[int]:
+        return [g["memory_used_bytes"] for g in self.status()["gpus"]]
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM the daemon; return its exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+                raise AssertionError(f"daemon ignored SIGTERM for {timeout}s:\n{self.log()}")
+        return self.proc.returncode

@@ -1,0 +1,227 @@
+"""End to end: a real daemon, a real simulated server tree, real signals, the HTTP API.
+
+Each test asserts what an operator would see: the new levers serving or the old ones
+back, simulated GPU memory at baseline, no process of ours left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+import httpx
+import psutil
+
+from tests.helpers import Daemon, tagged_processes, wait_until
+
+DONE_WHEN = {
+    "mem_fraction_static": 0.9,
+    "kv_cache_dtype": "fp8_e4m3",
+    "enable_hierarchical_cache": True,
+    "hicache_size": 30,
+}
+
+
+def _op(r: httpx.Response) -> dict[str, Any]:
+    assert r.status_code in (200, 202), r.text
+    op: dict[str, Any] = r.json()["operation"]
+    return op
+
+
+def test_apply_succeeds_with_new_levers_and_new_pid(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory().start()
+    before = d.status()
+    op = _op(d.apply(DONE_WHEN))
+    assert op["state"] == "succeeded", op
+    names = [p["name"] for p in op["phases"]]
+    assert names == ["validate", "preflight", "stop", "release", "start", "probation", "commit"]
+    after = d.status()
+    assert after["state"] == "ready"
+    assert after["server"]["pid"] != before["server"]["pid"]
+    for k, v in DONE_WHEN.items():
+        assert after["levers"][k] == v
+    assert after["last_good_levers"]["levers"]["kv_cache_dtype"] == "fp8_e4m3"
+    # The old tree is gone entirely: only the new launch's processes carry our tag.
+    live = {p.pid for p in tagged_processes(d.instance)}
+    assert after["server"]["pid"] in live
+    assert not any(p.pid == before["server"]["pid"] for p in tagged_processes(d.instance))
+    # Each of the 4 GPUs holds one rank at 0.9 of its memory.
+    for g in after["gpus"]:
+        assert g["memory_used_bytes"] == int(0.9 * g["memory_total_bytes"])
+    assert d.stop() == 0
+    assert tagged_processes(d.instance) == []
+
+
+def test_oom_rolls_back_to_previous_levers(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory().start()
+    old_levers = d.status()["levers"]
+    op = _op(d.apply({"mem_fraction_static": 0.97}))
+    assert op["state"] == "rolled_back", op
+    assert "out of memory" in op["error"].lower()
+    assert any("CUDA out of memory" in line for line in op["log_tail"])
+    s = d.status()
+    assert s["state"] == "ready"
+    assert s["levers"] == old_levers
+    assert s["last_good_levers"]["levers"]["mem_fraction_static"] == 0.85
+
+
+def test_crash_on_start_rolls_back(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory().start()
+    op = _op(d.apply(env={"SGLANG_SIM_FAULTS": "crash_on_start"}))
+    assert op["state"] == "rolled_back"
+    assert "exited with code 1 during start" in op["error"]
+    s = d.status()
+    assert s["state"] == "ready" and s["env"] == {}
+
+
+def test_hang_on_start_times_out_and_rolls_back(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory(timeouts={"ready_timeout_s": 2.0}).start()
+    op = _op(d.apply(env={"SGLANG_SIM_FAULTS": "hang_on_start"}))
+    assert op["state"] == "rolled_back"
+    assert "not ready after 2s" in op["error"]
+    assert d.status()["state"] == "ready"
+
+
+def test_invalid_levers_get_422_and_touch_nothing(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory().start()
+    pid = d.status()["server"]["pid"]
+    r = d.apply({"mem_fraction": 0.9, "kv_cache_dtype": "fp9", "port": 1},
+                env={"LD_PRELOAD": "/tmp/x.so"})
+    assert r.status_code == 422
+    levers = {p["lever"] for p in r.json()["detail"]["problems"]}
+    assert levers == {"mem_fraction", "kv_cache_dtype", "port", "env.LD_PRELOAD"}
+    r = d.client.post("/levers", content=b"{not json", headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500
+    r = d.apply({"tp_size": 16})
+    assert r.status_code == 422 and "needs 16 GPUs" in r.text
+    s = d.status()
+    assert s["server"]["pid"] == pid and s["state"] == "ready"
+
+
+def test_concurrent_applies_one_wins_rest_409(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory().start()
+    codes: list[int] = []
+    barrier = threading.Barrier(4)
+
+    def post(i: int) -> None:
+        with httpx.Client(base_url=d.url, timeout=30, trust_env=False) as c:
+            barrier.wait()
+            r = c.post("/levers", json={"levers": {"max_running_requests": 100 + i}})
+            codes.append(r.status_code)
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(codes) == [202, 409, 409, 409]
+    d.wait_state("ready")
+
+
+def test_ranks_ignoring_sigterm_are_killed_and_memory_released(
+    daemon_factory: type[Daemon],
+) -> None:
+    d = daemon_factory(timeouts={"stop_grace_s": 0.5}).start()
+    assert _op(d.apply(env={"SGLANG_SIM_FAULTS": "ignore_sigterm"}))["state"] == "succeeded"
+    op = _op(d.client.post("/stop", params={"wait": "true"}))
+    assert op["state"] == "succeeded"
+    stop = next(p for p in op["phases"] if p["name"] == "stop")
+    assert "SIGKILL" in stop["detail"]
+    s = d.status()
+    assert s["state"] == "stopped" and s["server"] is None
+    assert all(g["memory_used_bytes"] == 0 and g["processes"] == [] for g in s["gpus"])
+    assert tagged_processes(d.instance) == []
+    assert _op(d.client.post("/start", params={"wait": "true"}))["state"] == "succeeded"
+
+
+def test_detached_ranks_are_found_by_tag(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory().start()
+    assert _op(d.apply(env={"SGLANG_SIM_FAULTS": "detach_ranks"}))["state"] == "succeeded"
+    leader = d.status()["server"]["pid"]
+    members = tagged_processes(d.instance)
+    assert any(os.getsid(p.pid) != leader for p in members), "ranks did not detach"
+    op = _op(d.apply({"mem_fraction_static": 0.8}, env={"SGLANG_SIM_FAULTS": None}))
+    assert op["state"] == "succeeded"
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in members)
+
+
+def test_launcher_killed_from_outside_is_cleaned_and_relaunched(
+    daemon_factory: type[Daemon],
+) -> None:
+    d = daemon_factory().start()
+    s = d.status()
+    leader = s["server"]["pid"]
+    ranks = [p for p in tagged_processes(d.instance) if p.pid != leader]
+    os.kill(leader, signal.SIGKILL)  # the launcher alone: its ranks keep "GPU memory"
+
+    def relaunched() -> dict[str, Any] | None:
+        st = d.status()
+        ok = st["state"] == "ready" and st["server"] and st["server"]["pid"] != leader
+        return st if ok else None
+
+    after = wait_until(relaunched, 30, 0.05, "a relaunch after the launcher was killed")
+    assert after["restarts"] == 1 and after["restarts_by_reason"] == {"crash": 1}
+    assert after["levers"] == s["levers"]
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks)
+    for g in after["gpus"]:  # one rank per GPU again, not two
+        assert len(g["processes"]) == 1
+
+
+def test_crash_after_ready_restarts_then_crash_loop_fails(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory(timeouts={"probation_s": 0.2}).start()
+    op = _op(d.apply(env={"SGLANG_SIM_FAULTS": "crash_after=1.0"}))
+    assert op["state"] == "succeeded"
+    s = wait_until(lambda: (st := d.status())["restarts"] >= 1 and st, 30, 0.05, "a restart")
+    assert s["levers"] == {**s["levers"]} and s["env"] == {"SGLANG_SIM_FAULTS": "crash_after=1.0"}
+    failed = d.wait_state("failed", timeout=60)
+    assert "crash loop" in failed["state_reason"]
+    assert failed["server"] is None
+    assert all(g["memory_used_bytes"] == 0 for g in failed["gpus"])
+    assert tagged_processes(d.instance) == []
+    # An operator fixes it with a lever change: the failed state accepts an apply.
+    op = _op(d.apply(env={"SGLANG_SIM_FAULTS": None}))
+    assert op["state"] == "succeeded"
+
+
+def test_unhealthy_server_is_restarted(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory().start()
+    assert _op(d.apply(env={"SGLANG_SIM_FAULTS": "unhealthy_after=0.5"}))["state"] == "succeeded"
+    s = wait_until(lambda: (st := d.status())["restarts_by_reason"].get("hung") and st, 30, 0.05,
+                   "a restart of the hung server")
+    assert s["restarts_by_reason"]["hung"] >= 1
+
+
+def test_daemon_sigterm_leaves_nothing_behind_and_restart_uses_last_good(
+    daemon_factory: type[Daemon],
+) -> None:
+    d = daemon_factory().start()
+    assert _op(d.apply({"mem_fraction_static": 0.88}))["state"] == "succeeded"
+    assert d.stop() == 0
+    assert tagged_processes(d.instance) == []
+    d.start()
+    s = d.status()
+    assert s["levers"]["mem_fraction_static"] == 0.88
+    assert s["last_good_levers"]["levers"]["mem_fraction_static"] == 0.88
+
+
+def test_dry_run_reports_and_touches_nothing(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory().start()
+    pid = d.status()["server"]["pid"]
+    op = _op(d.apply({"mem_fraction_static": 0.9}, dry_run=True))
+    assert op["state"] == "succeeded" and op["dry_run"] is True
+    assert "mem_fraction_static" in op["phases"][-1]["detail"]
+    assert d.status()["server"]["pid"] == pid
+
+
+def test_operation_is_readable_by_id_and_unknown_is_404(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory().start()
+    op = _op(d.apply({"chunked_prefill_size": 4096}, wait=False))
+    assert op["state"] == "running"
+    done = wait_until(
+        lambda: (o := d.client.get(f"/operations/{op['id']}").json())["state"] != "running" and o,
+        30, 0.05, "the operation to end",
+    )
+    assert done["state"] == "succeeded" and done["levers_effective"]["levers"]["chunked_prefill_size"] == 4096
+    assert d.client.get("/operations/nope").status_code == 404

@@ -1,0 +1,158 @@
+"""Teardown of real process trees that misbehave on purpose.
+
+Each test asserts what matters: no member process is left alive, and nothing outside the
+tree was touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor import process
+from supervisor.process import Launch
+from tests.helpers import TEST_INSTANCE_PREFIX, wait_until
+
+TREE = Path(__file__).with_name("tree.py")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class Tree:
+    def __init__(self, tmp: Path, *args: str, expect: int) -> None:
+        self.ready_dir = tmp / f"ready-{uuid.uuid4().hex[:6]}"
+        self.ready_dir.mkdir()
+        self.tag = f"{TEST_INSTANCE_PREFIX}-tree.{uuid.uuid4().hex[:8]}"
+        self.launch: Launch = process.spawn(
+            [sys.executable, str(TREE), str(self.ready_dir), *args],
+            os.environ,
+            tag=self.tag,
+            log_path=tmp / "tree.log",
+        )
+        wait_until(lambda: len(self.pids()) >= expect, 20, what=f"{expect} processes ready")
+
+    def pids(self) -> list[int]:
+        return sorted(int(p.name) for p in self.ready_dir.iterdir() if p.name.isdigit())
+
+    def alive(self) -> list[int]:
+        return [p for p in self.pids() if _alive(p)]
+
+    def teardown(self, grace_s: float = 1.0) -> process.TeardownReport:
+        return process.teardown(self.launch, tag=self.tag, grace_s=grace_s, kill_timeout_s=10)
+
+
+@pytest.fixture
+def trees(tmp_path: Path) -> Iterator[list[Tree]]:
+    made: list[Tree] = []
+    yield made
+    for t in made:  # whatever a failed test left behind
+        for pid in t.alive():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        process.reap(t.launch, t.pids())
+
+
+def test_plain_tree_exits_on_sigterm(tmp_path: Path, trees: list[Tree]) -> None:
+    t = Tree(tmp_path, "--children", "3", "--grandchildren", expect=7)
+    trees.append(t)
+    report = t.teardown()
+    assert report.clean and report.sigkill_sent == []
+    assert set(t.pids()) <= set(report.members)
+    assert t.alive() == []
+    assert t.launch.returncode == -signal.SIGTERM
+
+
+def test_tree_ignoring_sigterm_is_sigkilled_after_grace(tmp_path: Path, trees: list[Tree]) -> None:
+    t = Tree(tmp_path, "--children", "3", "--ignore-term", expect=4)
+    trees.append(t)
+    report = t.teardown(grace_s=0.3)
+    assert report.clean
+    assert report.kill_after_s is not None and report.kill_after_s >= 0.3
+    assert set(report.sigkill_sent) == set(t.pids())
+    assert t.alive() == []
+    assert "SIGKILL" in report.describe()
+
+
+def test_children_that_setsid_are_found_by_tag(tmp_path: Path, trees: list[Tree]) -> None:
+    t = Tree(tmp_path, "--children", "2", "--grandchildren", "--setsid", "--ignore-term",
+             expect=5)
+    trees.append(t)
+    leader = t.launch.pid
+    escaped = [p for p in t.pids() if p != leader and os.getsid(p) != leader]
+    assert escaped, "the children did not leave the session"
+    report = t.teardown(grace_s=0.2)
+    assert report.clean and t.alive() == []
+
+
+def test_orphans_of_a_killed_leader_are_found_by_tag(tmp_path: Path, trees: list[Tree]) -> None:
+    t = Tree(tmp_path, "--children", "3", "--setsid", expect=4)
+    trees.append(t)
+    os.kill(t.launch.pid, signal.SIGKILL)
+    wait_until(t.launch.poll, 10, what="the leader to exit")
+    orphans = [p for p in t.alive() if p != t.launch.pid]
+    assert len(orphans) == 3, "killing the leader alone must leave its children running"
+    report = process.teardown(None, tag_prefix=f"{TEST_INSTANCE_PREFIX}-tree.", grace_s=1,
+                              kill_timeout_s=10)
+    assert set(orphans) <= set(report.members)
+    assert t.alive() == []
+
+
+def test_a_child_born_during_the_grace_period_is_killed(tmp_path: Path, trees: list[Tree]) -> None:
+    t = Tree(tmp_path, "--children", "1", "--spawn-late-s", "0.1", expect=2)
+    trees.append(t)
+    report = t.teardown(grace_s=1.0)
+    assert report.clean
+    assert len(report.members) >= 3, report.members  # leader, child, the late one
+    assert t.alive() == []
+
+
+def test_processes_outside_the_tree_are_never_touched(tmp_path: Path, trees: list[Tree]) -> None:
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                 start_new_session=True)
+    try:
+        t = Tree(tmp_path, "--children", "2", expect=3)
+        trees.append(t)
+        report = t.teardown()
+        assert report.clean
+        assert bystander.pid not in report.members
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait(10)
+
+
+def test_spawn_failure_names_the_program(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="/nonexistent/python"):
+        process.spawn(["/nonexistent/python", "-V"], {}, tag="x", log_path=tmp_path / "l.log")
+
+
+def test_output_goes_to_the_log_file(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    launch = process.spawn([sys.executable, "-c", "print('hello'); import sys; "
+                            "print('oops', file=sys.stderr)"], os.environ, tag="t", log_path=log)
+    wait_until(launch.poll, 10, what="exit")
+    assert launch.returncode == 0
+    assert log.read_text().split() == ["hello", "oops"]
+
+
+@pytest.mark.parametrize(
+    ("code", "text"),
+    [(0, "exited with code 0"), (1, "exited with code 1"), (-9, "SIGKILL"), (-11, "SIGSEGV"),
+     (None, "status unknown")],
+)
+def test_exit_statuses_explain_themselves(code: int | None, text: str) -> None:
+    assert text in process.describe_exit(code)

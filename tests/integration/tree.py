@@ -1,0 +1,64 @@
+"""A misbehaving process tree for teardown tests (stdlib only).
+
+    python tree.py READY_DIR [--children N] [--grandchildren] [--ignore-term] [--setsid]
+                   [--spawn-late-s S]
+
+Every process writes ``READY_DIR/<pid>`` once its signal handlers are in place, then sleeps
+until killed. ``--ignore-term``: every process ignores SIGTERM. ``--setsid``: children leave
+the process group and session. ``--spawn-late-s``: the leader spawns one more child that
+long after receiving SIGTERM (a process born during the grace period).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def ready(ready_dir: str) -> None:
+    path = os.path.join(ready_dir, str(os.getpid()))
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("ready_dir")
+    p.add_argument("--children", type=int, default=0)
+    p.add_argument("--grandchildren", action="store_true")
+    p.add_argument("--ignore-term", action="store_true")
+    p.add_argument("--setsid", action="store_true")
+    p.add_argument("--spawn-late-s", type=float, default=0.0)
+    p.add_argument("--role", default="leader")
+    a = p.parse_args()
+    if a.role != "leader" and a.setsid:
+        os.setsid()
+    late: list[float] = []
+    if a.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif a.role == "leader" and a.spawn_late_s:
+        signal.signal(signal.SIGTERM, lambda *_: late.append(time.monotonic()))
+    base = [sys.executable, __file__, a.ready_dir]
+    flags = (["--ignore-term"] if a.ignore_term else []) + (["--setsid"] if a.setsid else [])
+    kids = []
+    if a.role == "leader":
+        for _ in range(a.children):
+            extra = ["--children", "1"] if a.grandchildren else []
+            kids.append(subprocess.Popen([*base, *flags, *extra, "--role", "child"]))
+    elif a.role == "child" and a.children:
+        kids.append(subprocess.Popen([*base, *flags, "--role", "grandchild"]))
+    ready(a.ready_dir)
+    while True:
+        if late and time.monotonic() - late[0] >= a.spawn_late_s:
+            kids.append(subprocess.Popen([*base, "--ignore-term", "--role", "late"]))
+            late.clear()
+        time.sleep(0.02)
+
+
+if __name__ == "__main__":
+    main()
