@@ -51,11 +51,11 @@ class OsProcessOps:
 def build_backend(settings: Settings) -> Backend:
     """The simulated backend under ``--simulate``, else SGLang on NVML-probed GPUs."""
     if settings.simulate:
-        from supervisor.sim.gpus import SimGpuProbe
+        from supervisor.sim.gpus import SimGpuProbe, prepare_registry
 
         sim = settings.sim
         registry = settings.state_dir / "sim-gpus"
-        registry.mkdir(parents=True, exist_ok=True)
+        prepare_registry(registry)
         env = {
             "SGLANG_SIM_GPU_DIR": str(registry),
             "SGLANG_SIM_GPU_MEMORY_MIB": str(sim.gpu_memory_mib),

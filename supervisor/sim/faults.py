@@ -1,0 +1,108 @@
+"""Faults the simulated server injects on request (``SGLANG_SIM_FAULTS``), and the log
+text of its failures, shaped like what SGLang and PyTorch print.
+
+``SGLANG_SIM_FAULTS`` is a comma list; faults combine:
+
+* ``crash_on_start`` — after the load delay, log a traceback, kill own children, exit 1;
+* ``hang_on_start`` — never become ready (health endpoints answer 503);
+* ``ignore_sigterm`` — the launcher and every child ignore SIGTERM (and SIGINT);
+* ``crash_after=S`` — S seconds after ready the launcher dies at once (``os._exit(1)``),
+  leaving its ranks orphaned and holding memory;
+* ``unhealthy_after=S`` — S seconds after ready ``/health_generate`` answers 503;
+* ``detach_ranks`` — ranks and the detokenizer call ``setsid()``, escaping the group.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+FAULTS_ENV = "SGLANG_SIM_FAULTS"
+_SWITCHES = ("crash_on_start", "hang_on_start", "ignore_sigterm", "detach_ranks")
+_TIMED = ("crash_after", "unhealthy_after")
+
+
+@dataclass(frozen=True)
+class Faults:
+    crash_on_start: bool = False
+    hang_on_start: bool = False
+    ignore_sigterm: bool = False
+    detach_ranks: bool = False
+    #: Seconds after ready; None when not requested.
+    crash_after: float | None = None
+    unhealthy_after: float | None = None
+
+
+def parse_faults(text: str) -> Faults:
+    """Parse a ``SGLANG_SIM_FAULTS`` value. Raises ``ValueError`` naming the bad item."""
+    switches: dict[str, bool] = {}
+    timed: dict[str, float] = {}
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if name in _SWITCHES and not sep:
+            switches[name] = True
+        elif name in _TIMED and sep:
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = math.nan
+            if not math.isfinite(seconds) or seconds < 0:
+                raise ValueError(
+                    f"{FAULTS_ENV}: {item!r} needs a number of seconds >= 0 ({name}=S)"
+                )
+            timed[name] = seconds
+        else:
+            known = ", ".join([*_SWITCHES, *(f"{t}=S" for t in _TIMED)])
+            raise ValueError(f"{FAULTS_ENV}: unknown fault {item!r} (known: {known})")
+    return Faults(
+        crash_on_start=switches.get("crash_on_start", False),
+        hang_on_start=switches.get("hang_on_start", False),
+        ignore_sigterm=switches.get("ignore_sigterm", False),
+        detach_ranks=switches.get("detach_ranks", False),
+        crash_after=timed.get("crash_after"),
+        unhealthy_after=timed.get("unhealthy_after"),
+    )
+
+
+_GIB = 2**30
+
+
+def oom_report(total_bytes: int, mem_fraction: float, oom_fraction: float) -> list[str]:
+    """The traceback a rank prints when its static allocation leaves no room to run."""
+    total = total_bytes / _GIB
+    free = max(0.0, total * (1.0 - mem_fraction) - 3.0)
+    tried = max(2.0, free + 0.88)
+    in_use = total - free
+    return [
+        "Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "sglang/srt/managers/scheduler.py", in run_scheduler_process',
+        "    scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, ...)",
+        '  File "sglang/srt/model_executor/model_runner.py", in init_memory_pool',
+        "    self.token_to_kv_pool = MHATokenToKVPool(...)",
+        '  File "sglang/srt/mem_cache/memory_pool.py", in _create_buffers',
+        "    torch.zeros((self.size + self.page_size, head_num, head_dim), ...)",
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried:.2f} GiB. "
+        f"GPU 0 has a total capacity of {total:.2f} GiB of which {free:.2f} GiB is free. "
+        f"Including non-PyTorch memory, this process has {in_use:.2f} GiB memory in use. "
+        "If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
+        f"Hint: --mem-fraction-static {mem_fraction:g} leaves too little memory for "
+        f"activations and CUDA graphs (this simulated GPU fails above {oom_fraction:g}); "
+        "lower --mem-fraction-static.",
+    ]
+
+
+def crash_report() -> list[str]:
+    """The traceback of the ``crash_on_start`` fault."""
+    return [
+        "Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "sglang/srt/managers/scheduler.py", in run_scheduler_process',
+        "    scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, ...)",
+        '  File "sglang/srt/model_executor/model_runner.py", in load_model',
+        "    self.model = get_model(model_config=self.model_config, ...)",
+        f"RuntimeError: simulated crash while loading the model ({FAULTS_ENV}=crash_on_start)",
+    ]
