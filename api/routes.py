@@ -58,6 +58,24 @@ async def get_levers(sup: SupervisorDep) -> dict[str, Any]:
     }
 
 
+@router.get("/levers/schema")
+async def levers_schema(
+    sup: SupervisorDep,
+    q: Annotated[
+        str | None, Query(description="only flags whose name or help mention this")
+    ] = None,
+) -> dict[str, Any]:
+    """The installed SGLang's flags (or the bundled schema, see ``source``)."""
+    flags = sup.schema.search(q)
+    return {
+        "sglang_version": sup.schema.sglang_version,
+        "source": sup.schema.source,
+        "live": sup.schema_live,
+        "count": len(flags),
+        "flags": [f.to_json() for f in flags],
+    }
+
+
 @router.post("/levers", status_code=202)
 async def post_levers(body: ApplyRequest, sup: SupervisorDep, wait: WaitQuery = False) -> Any:
     """Validate, preflight, then stop -> release -> start -> commit, or roll back."""

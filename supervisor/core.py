@@ -28,6 +28,7 @@ from supervisor.levers import LeverError, LeverProblem, LeverSet, check_levers, 
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation, wall_iso
 from supervisor.process import TeardownReport
 from supervisor.schema import FlagSchema
+from supervisor.sglang_parser import ParserUnavailable, check_argv, lever_for_message, load_schema
 from supervisor.states import IDLE_STATES, ServerState, check_transition
 from supervisor.store import PersistedState, RecordedServer, Store, StoreError
 from supervisor.telemetry import Throughput, last_decode_line, parse_metrics, tail_lines
@@ -154,6 +155,8 @@ class Supervisor:
         self.operation: Operation | None = None
         self.operations: dict[str, Operation] = {}
         self.warnings: list[str] = []
+        #: Whether SGLang's own parser (in settings.server.python) validates levers too.
+        self.schema_live = False
         self.tag_prefix = f"{settings.instance}."
         self._persisted = PersistedState()
         self._op_task: asyncio.Task[None] | None = None
@@ -193,6 +196,13 @@ class Supervisor:
         self._persisted = await asyncio.to_thread(self.store.load)
         if self._persisted.load_warning:
             self.warnings.append(self._persisted.load_warning)
+        loaded = await asyncio.to_thread(
+            load_schema, self.settings.server.python, self.store.dir / "schema-cache"
+        )
+        self.schema, self.schema_live = loaded.schema, loaded.live
+        if loaded.warning:
+            log.warning("%s", loaded.warning)
+            self.warnings.append(loaded.warning)
         names = self.settings.server.gpus or [str(d.index) for d in self.probe.devices()]
         self.managed = await asyncio.to_thread(self._resolve, names)
         initial = self._persisted.last_good or self._persisted.levers
@@ -364,12 +374,55 @@ class Supervisor:
             op.finish(FAILED, "superseded by an operator's request during backoff")
             self.operation = None
 
-    async def validate(self, requested: LeverSet) -> LeverSet:
-        """Check a full lever set; raises ``LeverError`` naming every bad lever."""
-        return check_levers(requested, self.schema)
+    async def validate(self, requested: LeverSet) -> tuple[LeverSet, str]:
+        """Check a full lever set in two stages; raises ``LeverError`` naming every bad lever.
+
+        (a) the schema: exact names, types, choices, owned flags, the env allowlist;
+        (b) SGLang's own ``prepare_server_args`` and its GPU-free cross-field checks, run in
+        the server's interpreter (skipped, with a warning in /status, when it has no SGLang).
+        Returns the canonical set and a line saying what ran and how long it took.
+        """
+        t0 = time.monotonic()
+        checked = check_levers(requested, self.schema)
+        detail = (
+            f"schema of SGLang {self.schema.sglang_version}: {(time.monotonic() - t0) * 1e3:.1f} ms"
+        )
+        if not self.schema_live:
+            return checked, detail + "; SGLang's own parser not available"
+        try:
+            verdict = await asyncio.to_thread(
+                check_argv, self.settings.server.python, self._flags(checked)
+            )
+        except ParserUnavailable as exc:
+            problem = LeverProblem("levers", f"cannot run SGLang's parser: {exc}")
+            raise LeverError([problem]) from exc
+        if not verdict.ok:
+            message = verdict.message or "refused"
+            lever = lever_for_message(message, self.schema, list(checked.levers))
+            what = "parser" if verdict.stage == "parse" else "cross-field checks"
+            raise LeverError(
+                [
+                    LeverProblem(
+                        lever, f"SGLang {self.schema.sglang_version}'s {what} refused it: {message}"
+                    )
+                ]
+            )
+        detail += f"; SGLang's parser and checks: {verdict.duration_s:.2f} s"
+        if verdict.message:
+            detail += f" ({verdict.message})"
+        return checked, detail
 
     async def preflight(self, levers: LeverSet) -> list[LeverProblem]:
         """Resource problems of ``levers`` on this host (empty: it can start)."""
+        if self.backend.name == "sglang" and not self.schema_live:
+            return [
+                LeverProblem(
+                    "server.python",
+                    f"{self.settings.server.python} cannot run SGLang ("
+                    + "; ".join(self.warnings[-1:])
+                    + "); install SGLang there or fix server.python",
+                )
+            ]
         samples: list[GpuSample] | None
         try:
             samples = await asyncio.to_thread(self.probe.sample, self._indices())
@@ -415,7 +468,7 @@ class Supervisor:
                 raise Busy(self.operation)
         requested = self.levers.merged(levers, env, replace=replace)
         t0 = time.monotonic()
-        checked = await self.validate(requested)
+        checked, validate_detail = await self.validate(requested)
         t_validate = time.monotonic() - t0
         problems = await self.preflight(checked)
         t_preflight = time.monotonic() - t0 - t_validate
@@ -427,9 +480,13 @@ class Supervisor:
         else:
             self._preempt_backoff()
             op = self._begin("apply", checked)
-        for name, took in (("validate", t_validate), ("preflight", t_preflight)):
+        for name, detail, took in (
+            ("validate", validate_detail, t_validate),
+            ("preflight", "GPUs, host RAM, port, model path", t_preflight),
+        ):
             ph = op.phase(name)
-            ph.end(SUCCEEDED, f"{took * 1000:.1f} ms")
+            ph.duration_s = took
+            ph.end(SUCCEEDED, f"{detail} ({took * 1000:.1f} ms)")
         if dry_run:
             diff = self.levers.diff(checked)
             op.levers_effective = self.levers.to_json()
@@ -653,17 +710,14 @@ class Supervisor:
     def _indices(self) -> list[int]:
         return [g.index for g in self.managed]
 
-    def _argv(self, levers: LeverSet) -> list[str]:
+    def _flags(self, levers: LeverSet) -> list[str]:
+        """The server's flags: the levers, then the ones the supervisor owns."""
         s = self.settings.server
-        return [
-            *self.backend.command,
-            *render_argv(levers, self.schema),
-            "--host",
-            s.host,
-            "--port",
-            str(s.port),
-            "--enable-metrics",
-        ]
+        owned = ["--host", s.host, "--port", str(s.port), "--enable-metrics"]
+        return [*render_argv(levers, self.schema), *owned]
+
+    def _argv(self, levers: LeverSet) -> list[str]:
+        return [*self.backend.command, *self._flags(levers)]
 
     def _env(self, levers: LeverSet) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SUPERVISOR_")}

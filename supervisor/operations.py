@@ -42,7 +42,8 @@ class Phase:
     def end(self, state: str, detail: str = "") -> None:
         self.state = state
         self.ended_at = wall_iso()
-        self.duration_s = time.monotonic() - self._t0
+        if self.duration_s is None:
+            self.duration_s = time.monotonic() - self._t0
         if detail:
             self.detail = detail
         if self._notify is not None:

@@ -1,12 +1,16 @@
-"""Print the installed SGLang's launch flags as JSON.
+"""Ask the installed SGLang about its launch flags; runs *inside the SGLang interpreter*.
 
-Runs *inside the SGLang interpreter* (``python -m supervisor.schema_probe`` is not
-needed: the supervisor runs this file by path), so it must import nothing but the standard
-library and SGLang. It builds SGLang's own parser through ``ServerArgs.add_cli_args``
-and describes every action: dest, option strings, type, choices, default, nargs, help
-and, for booleans, which kind of flag it is.
+The supervisor runs this file by path with the server's interpreter, so it imports
+nothing but the standard library and SGLang.
 
-Output: ``{"sglang_version": "...", "flags": [{...}, ...]}`` on stdout.
+* ``python schema_probe.py`` builds SGLang's own parser through
+  ``ServerArgs.add_cli_args`` and prints every flag as JSON: dest, option strings, type,
+  choices, default, nargs, help and, for booleans, which kind of switch it is:
+  ``{"sglang_version": "...", "flags": [{...}, ...]}``.
+* ``python schema_probe.py --validate`` reads a JSON argv list on stdin, runs SGLang's
+  ``prepare_server_args(argv)`` (argparse: names, types, choices) and then
+  ``check_server_args()`` (cross-field checks that need no GPU), and prints
+  ``{"ok": bool, "stage": "parse" | "check" | null, "message": str | null}``.
 """
 
 from __future__ import annotations
@@ -76,6 +80,44 @@ def describe(parser: argparse.ArgumentParser) -> list[dict[str, Any]]:
     return flags
 
 
+def validate(argv: list[str]) -> dict[str, Any]:
+    import contextlib
+    import io
+    import logging
+
+    from sglang.srt.server_args import prepare_server_args
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            args = prepare_server_args(argv)
+    except SystemExit:
+        # argparse printed usage and "prog: error: <message>" to stderr.
+        lines = [ln for ln in err.getvalue().splitlines() if ": error: " in ln]
+        message = lines[-1].split(": error: ", 1)[1] if lines else err.getvalue().strip()
+        return {"ok": False, "stage": "parse", "message": message}
+    except Exception as exc:
+        return {"ok": False, "stage": "parse", "message": f"{type(exc).__name__}: {exc}"}
+    logging.disable(logging.CRITICAL)
+    # The checks read a few fields SGLang's resolution fills from the model path; fill
+    # them the same trivial way (the rest of resolution needs the model files).
+    for name in ("served_model_name", "tokenizer_path"):
+        if getattr(args, name, "") is None:
+            with contextlib.suppress(Exception):
+                setattr(args, name, args.model_path)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            args.check_server_args()
+    except AssertionError as exc:
+        return {"ok": False, "stage": "check", "message": str(exc) or "assertion failed"}
+    except ValueError as exc:
+        return {"ok": False, "stage": "check", "message": str(exc)}
+    except Exception as exc:
+        # A check that needs what this host lacks (a GPU, the model files): not a verdict.
+        return {"ok": True, "stage": None, "message": f"skipped: {type(exc).__name__}: {exc}"}
+    return {"ok": True, "stage": None, "message": None}
+
+
 def main() -> int:
     try:
         import sglang
@@ -83,6 +125,10 @@ def main() -> int:
     except Exception as exc:  # ImportError, or SGLang failing at import
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
         return 3
+    if sys.argv[1:] == ["--validate"]:
+        argv = json.load(sys.stdin)
+        json.dump(validate([str(a) for a in argv]), sys.stdout)
+        return 0
     parser = argparse.ArgumentParser(prog="sglang serve")
     ServerArgs.add_cli_args(parser)
     version = getattr(sglang, "__version__", None)

@@ -105,6 +105,14 @@ FAST_TIMEOUTS: dict[str, Any] = {
 }
 
 
+def _deep_merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
+
+
 class Daemon:
     """A real ``sglang-supervisor serve --simulate`` process for one test."""
 
@@ -134,8 +142,8 @@ class Daemon:
             },
             "timeouts": {**FAST_TIMEOUTS, **(timeouts or {})},
             "sim": {"gpus": gpus, "startup_s": 0.2, **(sim or {})},
-            **(extra or {}),
         }
+        _deep_merge(config, extra or {})
         self.config_path = tmp / "config.toml"
         write_toml(self.config_path, config)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -206,5 +214,7 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-                raise AssertionError(f"daemon ignored SIGTERM for {timeout}s:\n{self.log()}")
+                raise AssertionError(
+                    f"daemon ignored SIGTERM for {timeout}s:\n{self.log()}"
+                ) from None
         return self.proc.returncode

@@ -87,8 +87,9 @@ def test_hang_on_start_times_out_and_rolls_back(daemon_factory: type[Daemon]) ->
 def test_invalid_levers_get_422_and_touch_nothing(daemon_factory: type[Daemon]) -> None:
     d = daemon_factory().start()
     pid = d.status()["server"]["pid"]
-    r = d.apply({"mem_fraction": 0.9, "kv_cache_dtype": "fp9", "port": 1},
-                env={"LD_PRELOAD": "/tmp/x.so"})
+    r = d.apply(
+        {"mem_fraction": 0.9, "kv_cache_dtype": "fp9", "port": 1}, env={"LD_PRELOAD": "/tmp/x.so"}
+    )
     assert r.status_code == 422
     levers = {p["lever"] for p in r.json()["detail"]["problems"]}
     assert levers == {"mem_fraction", "kv_cache_dtype", "port", "env.LD_PRELOAD"}
@@ -188,8 +189,12 @@ def test_crash_after_ready_restarts_then_crash_loop_fails(daemon_factory: type[D
 def test_unhealthy_server_is_restarted(daemon_factory: type[Daemon]) -> None:
     d = daemon_factory().start()
     assert _op(d.apply(env={"SGLANG_SIM_FAULTS": "unhealthy_after=0.5"}))["state"] == "succeeded"
-    s = wait_until(lambda: (st := d.status())["restarts_by_reason"].get("hung") and st, 30, 0.05,
-                   "a restart of the hung server")
+    s = wait_until(
+        lambda: (st := d.status())["restarts_by_reason"].get("hung") and st,
+        30,
+        0.05,
+        "a restart of the hung server",
+    )
     assert s["restarts_by_reason"]["hung"] >= 1
 
 
@@ -221,7 +226,12 @@ def test_operation_is_readable_by_id_and_unknown_is_404(daemon_factory: type[Dae
     assert op["state"] == "running"
     done = wait_until(
         lambda: (o := d.client.get(f"/operations/{op['id']}").json())["state"] != "running" and o,
-        30, 0.05, "the operation to end",
+        30,
+        0.05,
+        "the operation to end",
     )
-    assert done["state"] == "succeeded" and done["levers_effective"]["levers"]["chunked_prefill_size"] == 4096
+    assert (
+        done["state"] == "succeeded"
+        and done["levers_effective"]["levers"]["chunked_prefill_size"] == 4096
+    )
     assert d.client.get("/operations/nope").status_code == 404

@@ -88,8 +88,7 @@ def test_tree_ignoring_sigterm_is_sigkilled_after_grace(tmp_path: Path, trees: l
 
 
 def test_children_that_setsid_are_found_by_tag(tmp_path: Path, trees: list[Tree]) -> None:
-    t = Tree(tmp_path, "--children", "2", "--grandchildren", "--setsid", "--ignore-term",
-             expect=5)
+    t = Tree(tmp_path, "--children", "2", "--grandchildren", "--setsid", "--ignore-term", expect=5)
     trees.append(t)
     leader = t.launch.pid
     escaped = [p for p in t.pids() if p != leader and os.getsid(p) != leader]
@@ -105,8 +104,9 @@ def test_orphans_of_a_killed_leader_are_found_by_tag(tmp_path: Path, trees: list
     wait_until(t.launch.poll, 10, what="the leader to exit")
     orphans = [p for p in t.alive() if p != t.launch.pid]
     assert len(orphans) == 3, "killing the leader alone must leave its children running"
-    report = process.teardown(None, tag_prefix=f"{TEST_INSTANCE_PREFIX}-tree.", grace_s=1,
-                              kill_timeout_s=10)
+    report = process.teardown(
+        None, tag_prefix=f"{TEST_INSTANCE_PREFIX}-tree.", grace_s=1, kill_timeout_s=10
+    )
     assert set(orphans) <= set(report.members)
     assert t.alive() == []
 
@@ -121,8 +121,9 @@ def test_a_child_born_during_the_grace_period_is_killed(tmp_path: Path, trees: l
 
 
 def test_processes_outside_the_tree_are_never_touched(tmp_path: Path, trees: list[Tree]) -> None:
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                                 start_new_session=True)
+    bystander = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
     try:
         t = Tree(tmp_path, "--children", "2", expect=3)
         trees.append(t)
@@ -142,8 +143,12 @@ def test_spawn_failure_names_the_program(tmp_path: Path) -> None:
 
 def test_output_goes_to_the_log_file(tmp_path: Path) -> None:
     log = tmp_path / "out.log"
-    launch = process.spawn([sys.executable, "-c", "print('hello'); import sys; "
-                            "print('oops', file=sys.stderr)"], os.environ, tag="t", log_path=log)
+    launch = process.spawn(
+        [sys.executable, "-c", "print('hello'); import sys; print('oops', file=sys.stderr)"],
+        os.environ,
+        tag="t",
+        log_path=log,
+    )
     wait_until(launch.poll, 10, what="exit")
     assert launch.returncode == 0
     assert log.read_text().split() == ["hello", "oops"]
@@ -151,8 +156,13 @@ def test_output_goes_to_the_log_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("code", "text"),
-    [(0, "exited with code 0"), (1, "exited with code 1"), (-9, "SIGKILL"), (-11, "SIGSEGV"),
-     (None, "status unknown")],
+    [
+        (0, "exited with code 0"),
+        (1, "exited with code 1"),
+        (-9, "SIGKILL"),
+        (-11, "SIGSEGV"),
+        (None, "status unknown"),
+    ],
 )
 def test_exit_statuses_explain_themselves(code: int | None, text: str) -> None:
     assert text in process.describe_exit(code)

@@ -1,0 +1,157 @@
+"""Asking the server's own interpreter about SGLang: its version, its flags, its verdict.
+
+Operators run whichever SGLang they installed; flags change between versions. So the
+schema is read from the configured interpreter (``schema_probe.py`` run by path, through
+SGLang's ``ServerArgs.add_cli_args``), cached per (interpreter, SGLang version), and a
+lever set is checked by SGLang's own ``prepare_server_args`` before anything is stopped.
+Everything here blocks (subprocesses): call it from a worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from supervisor.schema import BUNDLED_VERSION, FlagSchema, load_bundled
+
+PROBE = Path(__file__).with_name("schema_probe.py")
+_VERSION_SNIPPET = (
+    "import importlib.metadata as m\n"
+    "try:\n    print(m.version('sglang'))\n"
+    "except m.PackageNotFoundError:\n    print('')\n"
+)
+
+
+class ParserUnavailable(RuntimeError):
+    """The interpreter could not be run or answered nonsense; the message says which."""
+
+
+def _run(python: str, args: list[str], stdin: str | None, timeout_s: float) -> str:
+    try:
+        out = subprocess.run(
+            [python, "-I", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            env={k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SUPERVISOR")},
+        )
+    except FileNotFoundError as exc:
+        raise ParserUnavailable(
+            f"server.python {python!r} does not exist; point it at the interpreter of the "
+            "environment where SGLang is installed"
+        ) from exc
+    except subprocess.TimeoutExpired as exc:
+        raise ParserUnavailable(f"{python} did not answer within {timeout_s:.0f}s") from exc
+    if out.returncode != 0:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
+        raise ParserUnavailable(f"{python} failed (exit {out.returncode}): {' | '.join(tail)}")
+    return out.stdout
+
+
+def sglang_version(python: str, timeout_s: float = 30) -> str | None:
+    """SGLang's version in ``python``'s environment, or None when it has no SGLang."""
+    return _run(python, ["-c", _VERSION_SNIPPET], None, timeout_s).strip() or None
+
+
+def read_schema(python: str, timeout_s: float = 180) -> FlagSchema:
+    """Build SGLang's parser in ``python`` and describe every flag (a few seconds)."""
+    text = _run(python, [str(PROBE)], None, timeout_s)
+    try:
+        data = json.loads(text)
+        return FlagSchema.from_probe_output(data, source=python)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ParserUnavailable(f"{python} described SGLang's flags unreadably: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class LoadedSchema:
+    schema: FlagSchema
+    #: Whether SGLang's own parser can be run for stage-two validation.
+    live: bool
+    #: Shown in /status when the bundled schema stands in for the live one.
+    warning: str | None
+
+
+def load_schema(python: str, cache_dir: Path) -> LoadedSchema:
+    """The live schema of ``python``'s SGLang (cached), else the bundled one with a warning."""
+    try:
+        version = sglang_version(python)
+    except ParserUnavailable as exc:
+        return LoadedSchema(
+            load_bundled(), False, f"{exc}; using the bundled schema of SGLang {BUNDLED_VERSION}"
+        )
+    if version is None:
+        return LoadedSchema(
+            load_bundled(),
+            False,
+            f"{python} has no SGLang installed: levers are checked against the bundled schema "
+            f"of SGLang {BUNDLED_VERSION} only (set server.python to SGLang's interpreter to "
+            "validate with its own parser)",
+        )
+    key = hashlib.sha256(os.path.realpath(python).encode()).hexdigest()[:12]
+    cache = cache_dir / f"sglang-{version}-{key}.json"
+    if cache.exists():
+        try:
+            data = json.loads(cache.read_text())
+            return LoadedSchema(FlagSchema.from_probe_output(data, source=python), True, None)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # a damaged cache is rebuilt below
+    schema = read_schema(python)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps(schema.to_json()))
+    os.replace(tmp, cache)
+    return LoadedSchema(schema, True, None)
+
+
+@dataclass(frozen=True)
+class ParserVerdict:
+    ok: bool
+    #: "parse" (argparse refused), "check" (a cross-field check refused) or None.
+    stage: str | None
+    message: str | None
+    duration_s: float
+
+
+def check_argv(python: str, argv: list[str], timeout_s: float = 60) -> ParserVerdict:
+    """Run SGLang's ``prepare_server_args(argv)`` and ``check_server_args()`` in ``python``."""
+    t0 = time.monotonic()
+    text = _run(python, [str(PROBE), "--validate"], json.dumps(argv), timeout_s)
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ParserUnavailable(f"{python} gave an unreadable verdict: {text[:200]!r}") from exc
+    return ParserVerdict(
+        bool(data["ok"]), data.get("stage"), data.get("message"), time.monotonic() - t0
+    )
+
+
+_OPTION = re.compile(r"(--[a-z0-9][a-z0-9-]*)")
+
+
+def lever_for_message(message: str, schema: FlagSchema, candidates: list[str]) -> str:
+    """The lever an SGLang error message is about: the first option or dest it names.
+
+    Prefers levers of the request (``candidates``); "levers" when none is named.
+    """
+    options = schema.by_option()
+    named: list[str] = []
+    for opt in _OPTION.findall(message):
+        spec = options.get(opt)
+        if spec is not None:
+            named.append(spec.dest)
+    for dest in schema.flags:
+        if re.search(rf"\b{re.escape(dest)}\b", message):
+            named.append(dest)
+    for dest in named:
+        if dest in candidates:
+            return dest
+    return named[0] if named else "levers"
