@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from api import routes
 from supervisor.core import Supervisor
+from supervisor.metrics import SupervisorMetrics
 
 
 def create_app(supervisor: Supervisor, *, manage_lifecycle: bool = True) -> FastAPI:
@@ -34,5 +35,6 @@ def create_app(supervisor: Supervisor, *, manage_lifecycle: bool = True) -> Fast
         lifespan=lifespan,
     )
     app.state.supervisor = supervisor
+    app.state.metrics = SupervisorMetrics(supervisor)
     app.include_router(routes.router)
     return app

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.models import ApplyRequest
 from supervisor.core import Busy, Supervisor
 from supervisor.levers import LeverError
+from supervisor.metrics import SupervisorMetrics
 from supervisor.operations import Operation
+from supervisor.serverlogs import log_for_launch
+from supervisor.telemetry import tail_lines
 
 
 def get_supervisor(request: Request) -> Supervisor:
@@ -18,7 +25,13 @@ def get_supervisor(request: Request) -> Supervisor:
     return sup
 
 
+def get_metrics(request: Request) -> SupervisorMetrics:
+    metrics: SupervisorMetrics = request.app.state.metrics
+    return metrics
+
+
 SupervisorDep = Annotated[Supervisor, Depends(get_supervisor)]
+MetricsDep = Annotated[SupervisorMetrics, Depends(get_metrics)]
 WaitQuery = Annotated[bool, Query(description="answer when the operation has ended")]
 
 router = APIRouter()
@@ -133,3 +146,52 @@ async def start(sup: SupervisorDep, wait: WaitQuery = False) -> JSONResponse:
 @router.post("/restart", status_code=202)
 async def restart(sup: SupervisorDep, wait: WaitQuery = False) -> JSONResponse:
     return await _control(sup, "restart", wait)
+
+
+@router.get("/metrics")
+async def metrics(registry: MetricsDep) -> Response:
+    """Prometheus exposition; GPU memory is sampled now (in a worker thread)."""
+    body = await asyncio.to_thread(registry.render)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/logs", response_class=PlainTextResponse)
+async def logs(
+    sup: SupervisorDep,
+    tail: Annotated[int, Query(ge=0, le=100_000)] = 100,
+    launch: Annotated[
+        int, Query(ge=0, description="0 = the newest launch, 1 = the one before")
+    ] = 0,
+) -> PlainTextResponse:
+    """The server's last ``tail`` log lines of one launch, as text."""
+    path = await asyncio.to_thread(log_for_launch, sup.store.logs_dir, launch)
+    if path is None:
+        raise HTTPException(404, detail={"message": f"no log of launch {launch} (0 = newest)"})
+    lines = await asyncio.to_thread(tail_lines, path, tail, 16 * 1024 * 1024)
+    return PlainTextResponse(
+        "\n".join(lines) + ("\n" if lines else ""), headers={"X-Log-Path": str(path)}
+    )
+
+
+@router.get("/events")
+async def events(
+    request: Request,
+    sup: SupervisorDep,
+    replay: Annotated[bool, Query(description="first send the recent history")] = False,
+) -> StreamingResponse:
+    """Server-sent events: state transitions, operation phases, release samples."""
+
+    async def stream() -> AsyncIterator[str]:
+        yield ": sglang-supervisor events\n\n"
+        source = sup.events.subscribe(replay=replay).__aiter__()
+        while not await request.is_disconnected():
+            try:
+                event = await asyncio.wait_for(source.__anext__(), timeout=15)
+            except TimeoutError:
+                yield ": keep-alive\n\n"
+                continue
+            yield f"event: {event['kind']}\ndata: {json.dumps(event)}\n\n"
+
+    return StreamingResponse(
+        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )

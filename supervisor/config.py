@@ -45,6 +45,10 @@ class ServerSettings(_Section):
     env: dict[str, str] = Field(default_factory=dict)
     #: Working directory of the server process.
     cwd: str | None = None
+    #: Log files of this many launches are kept in <state_dir>/logs.
+    log_keep_launches: int = Field(10, ge=1)
+    #: A launch's log larger than this is copied to <name>.1 and truncated.
+    log_max_mib: int = Field(64, ge=1)
 
 
 class TimeoutSettings(_Section):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from supervisor import preflight
+from supervisor import preflight, serverlogs
 from supervisor.config import Settings
 from supervisor.events import EventBus
 from supervisor.gpu import GpuInfo, GpuProbe, GpuQueryError, GpuSample, wait_released
@@ -139,6 +139,11 @@ class Supervisor:
         self.poll_s = poll_s
         self.events = EventBus()
         self.on_transition: list[TransitionHook] = []
+        self.on_operation_end: list[Callable[[Operation], None]] = []
+        #: Finished operations by (kind, outcome), for the metrics.
+        self.operation_counts: dict[tuple[str, str], int] = {}
+        #: Unix time of the last apply that succeeded.
+        self.last_apply_success_time: float | None = None
 
         self.state = S.STOPPED
         self.state_since = clock()
@@ -353,13 +358,25 @@ class Supervisor:
             finally:
                 if not op.finished:
                     op.finish(SUCCEEDED)
-                self.events.publish("operation", id=op.id, op_kind=op.kind, state=op.state)
+                self._operation_ended(op)
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(self.store.append_history, op.to_json())
                 if self.operation is op:
                     self.operation = None
 
         self._op_task = asyncio.create_task(runner(), name=f"op-{op.kind}-{op.id}")
+
+    def _operation_ended(self, op: Operation) -> None:
+        if op.reported:
+            return
+        op.reported = True
+        key = (op.kind, op.state)
+        self.operation_counts[key] = self.operation_counts.get(key, 0) + 1
+        if op.kind == "apply" and op.state == SUCCEEDED:
+            self.last_apply_success_time = time.time()
+        for hook in self.on_operation_end:
+            hook(op)
+        self.events.publish("operation", id=op.id, op_kind=op.kind, state=op.state, error=op.error)
 
     def _preempt_backoff(self) -> None:
         """An operator's request wins over a restart that is only waiting out its backoff."""
@@ -373,6 +390,7 @@ class Supervisor:
             self._op_task.cancel()
             op.finish(FAILED, "superseded by an operator's request during backoff")
             self.operation = None
+            self._operation_ended(op)
 
     async def validate(self, requested: LeverSet) -> tuple[LeverSet, str]:
         """Check a full lever set in two stages; raises ``LeverError`` naming every bad lever.
@@ -740,6 +758,9 @@ class Supervisor:
         log_path = self.store.logs_dir / f"server-{stamp}-{tag.rsplit('.', 1)[-1]}.log"
         self._transition(S.STARTING, f"{op.kind} {op.id}: levers {levers.digest()}")
         self.levers = levers
+        await asyncio.to_thread(
+            serverlogs.prune, self.store.logs_dir, self.settings.server.log_keep_launches - 1
+        )
         try:
             handle = await asyncio.to_thread(
                 self.procs.spawn, self._argv(levers), self._env(levers), tag=tag, log_path=log_path
@@ -902,7 +923,14 @@ class Supervisor:
         while True:
             await asyncio.sleep(interval_s)
             server = self.server
-            if server is None or self.state not in (S.READY, S.DRAINING):
+            if server is None:
+                continue
+            await asyncio.to_thread(
+                serverlogs.bound_size,
+                server.handle.log_path,
+                self.settings.server.log_max_mib * 2**20,
+            )
+            if self.state not in (S.READY, S.DRAINING):
                 continue
             text = await self.health.metrics_text(self.url, 2.0)
             if text is not None:

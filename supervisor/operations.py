@@ -74,6 +74,8 @@ class Operation:
     log_tail: list[str] = field(default_factory=list)
     levers_effective: dict[str, Any] | None = None
     dry_run: bool = False
+    #: Set once the supervisor has counted and announced the operation's end.
+    reported: bool = field(default=False, repr=False)
     created_at: str = field(default_factory=wall_iso)
     ended_at: str | None = None
     _t0: float = field(default_factory=time.monotonic, repr=False)

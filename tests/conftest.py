@@ -9,13 +9,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import TEST_INSTANCE_PREFIX, Daemon, tagged_processes
+from tests.helpers import SESSION_TAG_PREFIXES, Daemon, tagged_processes
 
 
 @pytest.fixture(scope="session", autouse=True)
 def no_stray_processes() -> Iterator[None]:
     yield
-    stray = tagged_processes(TEST_INSTANCE_PREFIX)
+    stray = [p for prefix in sorted(SESSION_TAG_PREFIXES) for p in tagged_processes(prefix)]
     described = [describe(p) for p in stray]
     for p in stray:
         with contextlib.suppress(psutil.Error):

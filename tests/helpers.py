@@ -19,6 +19,15 @@ import psutil
 T = TypeVar("T")
 TEST_INSTANCE_PREFIX = "sgs-test"
 TAG_ENV = "SGLANG_SUPERVISOR_INSTANCE"
+#: Launch-tag prefixes of everything this test session started: the suite-wide guard
+#: checks these (not every "sgs-test" tag: another session may be running beside us).
+SESSION_TAG_PREFIXES: set[str] = set()
+
+
+def register_tag(prefix: str) -> str:
+    """Note a launch-tag prefix this session uses, so the guard can check it; returns it."""
+    SESSION_TAG_PREFIXES.add(prefix)
+    return prefix
 
 
 def wait_until(
@@ -129,7 +138,7 @@ class Daemon:
         self.dir = tmp
         self.port = free_port()
         self.server_port = free_port()
-        self.instance = f"{TEST_INSTANCE_PREFIX}-{uuid.uuid4().hex[:8]}"
+        self.instance = register_tag(f"{TEST_INSTANCE_PREFIX}-{uuid.uuid4().hex[:8]}")
         config: dict[str, Any] = {
             "simulate": True,
             "instance": self.instance,

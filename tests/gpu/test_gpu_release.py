@@ -30,7 +30,7 @@ import pytest
 
 from supervisor.gpu import GpuInfo, GpuQueryError, resolve_gpus, wait_released
 from supervisor.nvml import NvmlProbe, cuda_visible_devices
-from tests.helpers import TEST_INSTANCE_PREFIX
+from tests.helpers import TEST_INSTANCE_PREFIX, register_tag
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
@@ -184,7 +184,9 @@ def test_teardown_releases_gpu(case: Case, probe: NvmlProbe, gpu: GpuInfo, tmp_p
     from supervisor import process
 
     baseline = probe.sample([gpu.index])[0].memory_used_bytes
-    tag = f"{TEST_INSTANCE_PREFIX}-gpu-{uuid.uuid4().hex[:8]}"  # the suite guard sees it
+    tag = register_tag(
+        f"{TEST_INSTANCE_PREFIX}-gpu-{uuid.uuid4().hex[:8]}"
+    )  # the suite guard sees it
     _, cuda_env = cuda_visible_devices([gpu])
     env = {**os.environ, **cuda_env, "PYTHONUNBUFFERED": "1"}
     argv = [sys.executable, str(STANDIN), "--ranks", str(case.ranks), "--gib", str(case.gib)]

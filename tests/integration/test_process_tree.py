@@ -20,7 +20,7 @@ import pytest
 
 from supervisor import process
 from supervisor.process import Launch
-from tests.helpers import TEST_INSTANCE_PREFIX, wait_until
+from tests.helpers import TEST_INSTANCE_PREFIX, register_tag, wait_until
 
 TREE = Path(__file__).with_name("tree.py")
 
@@ -36,7 +36,7 @@ class Tree:
     def __init__(self, tmp: Path, *args: str, expect: int) -> None:
         self.ready_dir = tmp / f"ready-{uuid.uuid4().hex[:6]}"
         self.ready_dir.mkdir()
-        self.tag = f"{TEST_INSTANCE_PREFIX}-tree.{uuid.uuid4().hex[:8]}"
+        self.tag = register_tag(f"{TEST_INSTANCE_PREFIX}-tree.{uuid.uuid4().hex[:8]}")
         self.launch: Launch = process.spawn(
             [sys.executable, str(TREE), str(self.ready_dir), *args],
             os.environ,
@@ -104,9 +104,7 @@ def test_orphans_of_a_killed_leader_are_found_by_tag(tmp_path: Path, trees: list
     wait_until(t.launch.poll, 10, what="the leader to exit")
     orphans = [p for p in t.alive() if p != t.launch.pid]
     assert len(orphans) == 3, "killing the leader alone must leave its children running"
-    report = process.teardown(
-        None, tag_prefix=f"{TEST_INSTANCE_PREFIX}-tree.", grace_s=1, kill_timeout_s=10
-    )
+    report = process.teardown(None, tag=t.tag, grace_s=1, kill_timeout_s=10)
     assert set(orphans) <= set(report.members)
     assert t.alive() == []
 

@@ -32,6 +32,7 @@ from supervisor.schema import load_bundled
 from supervisor.sim import capacity
 from supervisor.sim.gpus import SimGpuProbe, sim_gpu_uuid
 from supervisor.sim.server import build_parser
+from tests.helpers import register_tag
 
 REPO = Path(__file__).resolve().parents[2]
 TAG_ENV = "SGLANG_SUPERVISOR_INSTANCE"
@@ -137,7 +138,7 @@ class Sims:
         self.registry = tmp_path / "gpus"
         self.registry.mkdir()
         # The "sgs-test" prefix puts these under the suite-wide stray-process guard.
-        self.tag = f"sgs-test-sim-{uuid.uuid4().hex}"
+        self.tag = register_tag(f"sgs-test-sim-{uuid.uuid4().hex}")
         self.probe = SimGpuProbe(self.registry, count=8, memory_total_mib=TOTAL_MIB)
         self.sims: list[Sim] = []
 

@@ -1,0 +1,226 @@
+"""The daemon's own Prometheus metrics, in a private registry.
+
+One prefix (``sglang_supervisor_``), base units, ``_total`` counters, bounded labels
+(state, gpu index, kind, outcome, phase, reason — never pids or flag strings). Values the
+supervisor already holds (state, counts, GPU memory, the server's throughput) are read at
+scrape time by a collector; durations are histograms observed when an operation ends.
+``render()`` blocks (it samples the GPUs): call it from a worker thread.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from supervisor.gpu import GpuQueryError
+from supervisor.operations import Operation
+from supervisor.states import ServerState
+
+if TYPE_CHECKING:
+    from supervisor.core import Supervisor
+
+PREFIX = "sglang_supervisor"
+#: Model loads take minutes: buckets reach 30 minutes.
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800)
+#: The phase label's values; a phase of a rollback or clean-up counts under its base name.
+PHASES = (
+    "validate",
+    "preflight",
+    "drain",
+    "stop",
+    "release",
+    "start",
+    "probation",
+    "commit",
+    "backoff",
+)
+OPERATION_KINDS = ("apply", "stop", "start", "restart", "recover", "shutdown")
+_PHASE_PREFIX = re.compile(r"^(rollback_|cleanup_|leftovers_)")
+
+
+def phase_label(name: str) -> str | None:
+    """``rollback_start`` -> ``start``; None for a name outside the bounded set."""
+    base = _PHASE_PREFIX.sub("", name)
+    return base if base in PHASES else None
+
+
+class _Collector(Collector):
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+
+    def collect(self) -> Iterator[Metric]:
+        sup = self.sup
+        state = GaugeMetricFamily(
+            f"{PREFIX}_state",
+            "1 for the state the server is in, 0 for the others",
+            labels=["state"],
+        )
+        for s in ServerState:
+            state.add_metric([s.value], 1.0 if sup.state == s else 0.0)
+        yield state
+        yield GaugeMetricFamily(
+            f"{PREFIX}_state_seconds",
+            "Seconds since the last state change",
+            value=max(0.0, sup.clock() - sup.state_since),
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_server_up",
+            "1 while the server is ready (answered /health_generate)",
+            value=1.0 if sup.state == ServerState.READY else 0.0,
+        )
+        restarts = CounterMetricFamily(
+            f"{PREFIX}_restarts",
+            "Restarts of a server that had been ready, by reason",
+            labels=["reason"],
+        )
+        for reason in ("crash", "hung"):
+            restarts.add_metric([reason], float(sup.restarts_by_reason.get(reason, 0)))
+        yield restarts
+        ops = CounterMetricFamily(
+            f"{PREFIX}_operations",
+            "Finished operations by kind and outcome",
+            labels=["kind", "outcome"],
+        )
+        for (kind, outcome), n in sorted(dict(sup.operation_counts).items()):
+            ops.add_metric([kind, outcome], float(n))
+        yield ops
+        if sup.last_apply_success_time is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_last_successful_apply_timestamp_seconds",
+                "Unix time of the last apply that ended succeeded",
+                value=sup.last_apply_success_time,
+            )
+        yield from self._gpus()
+        yield from self._server()
+
+    def _gpus(self) -> Iterator[Metric]:
+        sup = self.sup
+        used = GaugeMetricFamily(
+            f"{PREFIX}_gpu_memory_used_bytes",
+            "GPU memory used, read at scrape time",
+            labels=["gpu"],
+        )
+        total = GaugeMetricFamily(
+            f"{PREFIX}_gpu_memory_total_bytes", "GPU memory in total", labels=["gpu"]
+        )
+        baseline = GaugeMetricFamily(
+            f"{PREFIX}_gpu_memory_baseline_bytes",
+            "GPU memory used when nothing of ours ran (release is judged against it)",
+            labels=["gpu"],
+        )
+        errors = GaugeMetricFamily(
+            f"{PREFIX}_gpu_query_ok", "1 when the last GPU query succeeded, 0 when it failed"
+        )
+        try:
+            samples = sup.probe.sample([g.index for g in sup.managed])
+        except GpuQueryError:
+            errors.add_metric([], 0.0)
+            yield errors
+            return
+        errors.add_metric([], 1.0)
+        for s in samples:
+            label = [str(s.index)]
+            used.add_metric(label, float(s.memory_used_bytes))
+            total.add_metric(label, float(s.memory_total_bytes))
+            if s.index in sup.baseline:
+                baseline.add_metric(label, float(sup.baseline[s.index]))
+        yield from (used, total, baseline, errors)
+
+    def _server(self) -> Iterator[Metric]:
+        t = self.sup.throughput
+        server = self.sup.server
+        if server is not None and server.max_total_num_tokens is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_server_max_total_num_tokens",
+                "KV-cache capacity in tokens the server reported at start",
+                value=float(server.max_total_num_tokens),
+            )
+        gauges = (
+            (
+                "server_gen_throughput_tokens_per_second",
+                "Generation throughput (sglang:gen_throughput)",
+                t.gen_tokens_per_s,
+            ),
+            (
+                "server_running_requests",
+                "Requests decoding now (sglang:num_running_reqs)",
+                t.running_requests,
+            ),
+            (
+                "server_queued_requests",
+                "Requests waiting (sglang:num_queue_reqs)",
+                t.queued_requests,
+            ),
+            (
+                "server_token_usage_ratio",
+                "KV-cache token usage, 0..1 (sglang:token_usage)",
+                t.token_usage,
+            ),
+            (
+                "server_cache_hit_rate_ratio",
+                "Prefix cache hit rate, 0..1 (sglang:cache_hit_rate)",
+                t.cache_hit_rate,
+            ),
+        )
+        for name, doc, value in gauges:
+            if value is not None:
+                yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=float(value))
+        counters = (
+            (
+                "server_generation_tokens",
+                "Tokens generated (sglang:generation_tokens_total)",
+                t.generation_tokens_total,
+            ),
+            (
+                "server_prompt_tokens",
+                "Prompt tokens processed (sglang:prompt_tokens_total)",
+                t.prompt_tokens_total,
+            ),
+        )
+        for name, doc, value in counters:
+            if value is not None:
+                yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=float(value))
+        yield GaugeMetricFamily(
+            f"{PREFIX}_server_telemetry_from_log",
+            "1 when throughput comes from the server's Decode batch log lines, not /metrics",
+            value=1.0 if t.source == "log" else 0.0,
+        )
+
+
+class SupervisorMetrics:
+    """The registry of one supervisor; hooks itself onto the supervisor's operation ends."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.registry = CollectorRegistry()
+        self.phase_seconds = Histogram(
+            f"{PREFIX}_phase_duration_seconds",
+            "Duration of each phase of an operation (a rollback's phases under their base name)",
+            ["phase"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.operation_seconds = Histogram(
+            f"{PREFIX}_operation_duration_seconds",
+            "Duration of whole operations by kind",
+            ["kind"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_Collector(sup))
+        sup.on_operation_end.append(self.observe)
+
+    def observe(self, op: Operation) -> None:
+        for ph in op.phases:
+            label = phase_label(ph.name)
+            if label is not None and ph.duration_s is not None:
+                self.phase_seconds.labels(label).observe(ph.duration_s)
+        if op.kind in OPERATION_KINDS and op.duration_s is not None and not op.dry_run:
+            self.operation_seconds.labels(op.kind).observe(op.duration_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
