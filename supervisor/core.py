@@ -76,11 +76,21 @@ class ProcessOps(Protocol):
         tag_prefix: str | None,
         grace_s: float,
         kill_timeout_s: float,
+        exclude_tag: str | None = None,
     ) -> TeardownReport: ...
 
     def members(
-        self, handle: ServerHandle | None, *, tag: str | None, tag_prefix: str | None
+        self,
+        handle: ServerHandle | None,
+        *,
+        tag: str | None,
+        tag_prefix: str | None,
+        exclude_tag: str | None = None,
     ) -> set[int]: ...
+
+    def adopt(self, pid: int, create_time: float, tag: str, log_path: Path) -> ServerHandle | None:
+        """A handle on a launcher an earlier daemon started, if that very process runs."""
+        ...
 
 
 @dataclass
@@ -239,6 +249,10 @@ class Supervisor:
         return resolve_gpus(self.probe, names)
 
     async def _initial_start(self, op: Operation) -> None:
+        """Adopt the recorded server if it is healthy; else clear leftovers and launch."""
+        record = self._persisted.server
+        if record is not None and await self._try_adopt(op, record):
+            return
         # Leftovers of an earlier daemon (same instance tag) go first, so the baseline is
         # measured with nothing of ours on the GPUs.
         members = await asyncio.to_thread(self._members_now)
@@ -249,10 +263,108 @@ class Supervisor:
             op.finish(FAILED, str(exc))
             return
         await self._measure_baseline()
+        foreign = await self._foreign_processes()
+        if foreign:
+            why = (
+                f"not starting: {foreign}; stop it or take that GPU out of server.gpus, then "
+                "POST /start (a process that is not ours is never killed automatically)"
+            )
+            self.warnings.append(why)
+            op.finish(FAILED, why)
+            return
+        if self._persisted.pending_operation is not None:
+            pending = self._persisted.pending_operation
+            op.phase("interrupted_apply").end(
+                ROLLED_BACK,
+                f"apply {pending.get('id')} was interrupted by the daemon's exit; "
+                "starting the last-good levers",
+            )
+            self._persisted.pending_operation = None
         if not await self._launch_until_ready(op, self.levers, probation=False):
             await self._recover_loop(op, op.rollback_reason or "the initial start failed")
             return
         await self._commit(op, self.levers)
+
+    async def _foreign_processes(self) -> str | None:
+        """A description of processes that are not ours on the managed GPUs, or None."""
+        if not self.probe.pids_are_local():
+            return None
+        samples = await asyncio.to_thread(self.probe.sample, self._indices())
+        members = await asyncio.to_thread(self._members_now)
+        found = [
+            f"pid {p.pid} holds "
+            + ("an unknown amount" if p.used_bytes is None else f"{p.used_bytes / 2**30:.1f} GiB")
+            + f" on GPU {s.index}"
+            for s in samples
+            for p in s.processes
+            if p.pid not in members
+        ]
+        return "; ".join(found) or None
+
+    async def _try_adopt(self, op: Operation, record: RecordedServer) -> bool:
+        """Keep a server an earlier daemon left running, if it is healthy: no reload.
+
+        Adopted when its launcher (same pid *and* create time) answers /health_generate,
+        or is still starting with the last-good levers. A server of an interrupted apply
+        that is not ready yet is torn down instead (the last-good levers start).
+        """
+        handle = await asyncio.to_thread(
+            self.procs.adopt, record.pid, record.create_time, record.tag, Path(record.log_path)
+        )
+        if handle is None:
+            return False
+        levers = LeverSet.from_json(record.levers)
+        probe = await self.health.generate_ok(self.url, 5.0)
+        interrupted_apply = self.last_good is not None and levers != self.last_good
+        if interrupted_apply and not probe.ok:
+            return False
+        ph = op.phase("adopt")
+        others = await asyncio.to_thread(
+            self.procs.members, None, tag=None, tag_prefix=self.tag_prefix, exclude_tag=record.tag
+        )
+        if others:
+            t = self.settings.timeouts
+            report = await asyncio.to_thread(
+                self.procs.teardown,
+                None,
+                tag=None,
+                tag_prefix=self.tag_prefix,
+                exclude_tag=record.tag,
+                grace_s=t.stop_grace_s,
+                kill_timeout_s=t.kill_timeout_s,
+            )
+            op.phase("leftovers_stop").end(
+                SUCCEEDED if report.clean else FAILED, f"other launches: {report.describe()}"
+            )
+        if self._persisted.baseline is not None:
+            self.baseline = dict(self._persisted.baseline)
+        else:
+            self.baseline = {g.index: 0 for g in self.managed}
+            self.warnings.append(
+                "no recorded GPU baseline: release is judged against 0 bytes + tolerance"
+            )
+        self.server = ServerInfo(handle=handle, levers=levers)
+        self.levers = levers
+        self._transition(
+            S.STARTING,
+            f"adopting pid {record.pid} (launch {record.tag}) left running by an earlier daemon",
+        )
+        try:
+            await self._wait_ready(handle)
+        except StartFailed as exc:
+            ph.end(FAILED, str(exc))
+            await self._recover_loop(op, str(exc))
+            return True
+        ph.end(SUCCEEDED, f"pid {record.pid} adopted: no restart, levers {levers.digest()}")
+        if self.last_good is None or interrupted_apply:
+            # The interrupted apply had reached ready: finish it.
+            await self._commit(op, levers)
+        else:
+            self._persisted.pending_operation = None
+            await self._save_quietly()
+            op.levers_effective = levers.to_json()
+            op.finish(SUCCEEDED)
+        return True
 
     async def _clear_leftovers(self, op: Operation, members: set[int]) -> None:
         """stopped -> stopping -> releasing -> stopped for processes an earlier daemon left.
@@ -290,7 +402,9 @@ class Supervisor:
             samples = await asyncio.to_thread(self.probe.sample, self._indices())
         except GpuQueryError as exc:
             raise ValueError(f"cannot read the managed GPUs: {exc}") from exc
+        # Foreign processes count in the baseline: release waits for *our* memory only.
         self.baseline = {s.index: s.memory_used_bytes for s in samples}
+        self._persisted.baseline = dict(self.baseline)
 
     async def shutdown(self) -> None:
         """Stop the server (SIGTERM, grace, SIGKILL), verify the GPUs released, stop watching.

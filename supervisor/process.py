@@ -194,11 +194,13 @@ def find_members(
     *,
     tag: str | None = None,
     tag_prefix: str | None = None,
+    exclude_tag: str | None = None,
 ) -> dict[int, float]:
     """Every member process, as ``{pid: create_time}``; zombies excluded.
 
     ``tag`` matches one launch exactly; ``tag_prefix`` every launch of this instance
-    (leftovers of an earlier daemon). This process and its ancestors are never members.
+    (leftovers of an earlier daemon), except the launch tagged ``exclude_tag`` (a server
+    being adopted). This process and its ancestors are never members.
     """
     me = os.getpid()
     never = {me, *(p.pid for p in psutil.Process(me).parents())}
@@ -227,7 +229,10 @@ def find_members(
                 in_group = launch.pid in (os.getpgid(pid), os.getsid(pid))
             except OSError:
                 continue
-        if in_group or _tag_matches(_environ_tag(pid), tag, tag_prefix):
+        found = _environ_tag(pid)
+        if exclude_tag is not None and found == exclude_tag:
+            continue
+        if in_group or _tag_matches(found, tag, tag_prefix):
             with contextlib.suppress(psutil.Error):
                 add(psutil.Process(pid))
     return members
@@ -323,6 +328,7 @@ def teardown(
     *,
     tag: str | None = None,
     tag_prefix: str | None = None,
+    exclude_tag: str | None = None,
     grace_s: float,
     kill_timeout_s: float,
     poll_s: float = 0.02,
@@ -338,7 +344,7 @@ def teardown(
     Returns a report; survivors (D-state, unkillable) are listed, never hidden.
     """
     report = TeardownReport()
-    members = find_members(launch, tag=tag, tag_prefix=tag_prefix)
+    members = find_members(launch, tag=tag, tag_prefix=tag_prefix, exclude_tag=exclude_tag)
     report.members = sorted(members)
     start = clock()
     # Individually too: members that called setsid are not in the group.
@@ -355,7 +361,9 @@ def teardown(
         # Re-scan now and then: a member may have spawned a child (a full /proc scan costs
         # milliseconds, so not at every poll). The create time guards against pid reuse.
         if force_scan or clock() - last_scan >= rescan_s:
-            members.update(find_members(launch, tag=tag, tag_prefix=tag_prefix))
+            members.update(
+                find_members(launch, tag=tag, tag_prefix=tag_prefix, exclude_tag=exclude_tag)
+            )
             last_scan = clock()
         return {p: ct for p, ct in members.items() if _alive(p, ct)}
 

@@ -35,17 +35,34 @@ class OsProcessOps:
         tag_prefix: str | None,
         grace_s: float,
         kill_timeout_s: float,
+        exclude_tag: str | None = None,
     ) -> process.TeardownReport:
         launch = handle if isinstance(handle, process.Launch) else None
         return process.teardown(
-            launch, tag=tag, tag_prefix=tag_prefix, grace_s=grace_s, kill_timeout_s=kill_timeout_s
+            launch,
+            tag=tag,
+            tag_prefix=tag_prefix,
+            exclude_tag=exclude_tag,
+            grace_s=grace_s,
+            kill_timeout_s=kill_timeout_s,
         )
 
+    def adopt(self, pid: int, create_time: float, tag: str, log_path: Path) -> ServerHandle | None:
+        return process.adopt(pid, create_time, tag, log_path)
+
     def members(
-        self, handle: ServerHandle | None, *, tag: str | None, tag_prefix: str | None
+        self,
+        handle: ServerHandle | None,
+        *,
+        tag: str | None,
+        tag_prefix: str | None,
+        exclude_tag: str | None = None,
     ) -> set[int]:
         launch = handle if isinstance(handle, process.Launch) else None
-        return set(process.find_members(launch, tag=tag, tag_prefix=tag_prefix))
+        found = process.find_members(
+            launch, tag=tag, tag_prefix=tag_prefix, exclude_tag=exclude_tag
+        )
+        return set(found)
 
 
 def build_backend(settings: Settings) -> Backend:

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,8 @@ class PersistedState:
     pending_operation: dict[str, Any] | None = None
     #: What went wrong while loading, for /status (None when the file was fine or absent).
     load_warning: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: Per-GPU memory used with nothing of ours running (NVML index -> bytes).
+    baseline: dict[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +70,9 @@ class PersistedState:
             "last_good": None if self.last_good is None else self.last_good.to_json(),
             "server": None if self.server is None else self.server.to_json(),
             "pending_operation": self.pending_operation,
+            "baseline": None
+            if self.baseline is None
+            else {str(k): v for k, v in sorted(self.baseline.items())},
         }
 
     @classmethod
@@ -79,6 +83,9 @@ class PersistedState:
             last_good=LeverSet.from_json(data["last_good"]) if data.get("last_good") else None,
             server=RecordedServer(**server) if server else None,
             pending_operation=data.get("pending_operation"),
+            baseline={int(k): int(v) for k, v in data["baseline"].items()}
+            if data.get("baseline")
+            else None,
         )
 
 

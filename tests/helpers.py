@@ -193,9 +193,18 @@ class Daemon:
         data: dict[str, Any] = r.json()
         return data
 
+    def status_or_none(self) -> dict[str, Any] | None:
+        """/status, or None when the daemon does not answer."""
+        try:
+            return self.status()
+        except httpx.HTTPError:
+            return None
+
     def wait_state(self, state: str, timeout: float = 30) -> dict[str, Any]:
         def check() -> dict[str, Any] | None:
-            s = self.status()
+            s = self.status_or_none()
+            if s is None:
+                return None
             return s if s["state"] == state and s["operation"] is None else None
 
         return wait_until(check, timeout, 0.05, f"state {state!r}")

@@ -1,0 +1,112 @@
+"""The daemon dies (SIGKILL) at every step of its work and is started again.
+
+What must hold: a healthy server is adopted, not restarted (no model reload); otherwise
+the server ends on the new or the last-good levers, with exactly one launch's processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psutil
+
+from tests.helpers import TAG_ENV, Daemon, tagged_processes, wait_until
+
+
+def kill_daemon(d: Daemon) -> None:
+    assert d.proc is not None
+    d.proc.kill()
+    d.proc.wait(10)
+
+
+def launches(d: Daemon) -> set[str]:
+    tags = set()
+    for p in tagged_processes(d.instance):
+        try:
+            tags.add(p.environ()[TAG_ENV])
+        except (psutil.Error, KeyError):
+            continue
+    return tags
+
+
+def consistent(d: Daemon) -> dict[str, Any]:
+    s = d.wait_state("ready", timeout=60)
+    assert len(launches(d)) == 1, launches(d)
+    assert s["last_good_levers"]["levers"] == s["levers"]
+    assert s["last_good_levers"]["env"] == s["env"]
+    for g in s["gpus"]:
+        assert len(g["processes"]) == 1 and g["processes"][0]["member"]
+    return s
+
+
+def test_sigkill_while_ready_adopts_the_same_server(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory().start()
+    before = d.status()
+    kill_daemon(d)
+    assert d.status_or_none() is None
+    d.start()
+    after = consistent(d)
+    assert after["server"]["pid"] == before["server"]["pid"]
+    assert after["restarts"] == 0
+    assert after["levers"] == before["levers"]
+    op_ids = [e for e in d.client.get("/status").json()["warnings"]]
+    assert not any("leftover" in w for w in op_ids)
+    # The adopted server is watched like our own: killing it is a crash we recover from.
+    psutil.Process(after["server"]["pid"]).kill()
+    wait_until(lambda: d.status()["restarts"] == 1, 30, 0.05, "the restart")
+
+
+def test_sigkill_during_stop(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory(timeouts={"stop_grace_s": 5.0}).start()
+    assert d.apply(env={"SGLANG_SIM_FAULTS": "ignore_sigterm"}).json()["operation"]["state"] == (
+        "succeeded"
+    )
+    pid = d.status()["server"]["pid"]
+    d.apply({"mem_fraction_static": 0.8}, wait=False)
+    wait_until(lambda: d.status()["state"] == "stopping", 10, 0.01, "stopping")
+    kill_daemon(d)
+    d.start(wait_ready=False)
+    s = consistent(d)
+    # The old server ignored SIGTERM and still serves: it is adopted, on the last-good levers.
+    assert s["server"]["pid"] == pid
+    assert s["levers"]["mem_fraction_static"] == 0.85
+
+
+def test_sigkill_during_release(daemon_factory: type[Daemon]) -> None:
+    # 60 clean samples 50 ms apart: release takes ≥ 3 s, long enough to be killed in.
+    d = daemon_factory(timeouts={"release_samples": 60}).start()
+    d.apply({"mem_fraction_static": 0.8}, wait=False)
+    wait_until(lambda: d.status()["state"] == "releasing", 20, 0.01, "releasing")
+    kill_daemon(d)
+    d.start(wait_ready=False)
+    s = consistent(d)
+    assert s["levers"]["mem_fraction_static"] == 0.85  # the interrupted apply rolled back
+
+
+def test_sigkill_during_start(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory().start()
+    d.apply({"mem_fraction_static": 0.8}, env={"SGLANG_SIM_STARTUP_S": "5"}, wait=False)
+    wait_until(lambda: d.status()["state"] == "starting", 20, 0.01, "starting")
+    kill_daemon(d)
+    d.start(wait_ready=False)
+    s = consistent(d)
+    assert s["levers"]["mem_fraction_static"] == 0.85
+    assert s["env"] == {}
+
+
+def test_sigkill_after_new_levers_are_ready_keeps_them(daemon_factory: type[Daemon]) -> None:
+    # Killed in the probation window: the new server is healthy, so it is adopted and the
+    # interrupted apply is finished rather than undone.
+    d = daemon_factory(timeouts={"probation_s": 10.0}).start()
+    d.apply({"mem_fraction_static": 0.8}, wait=False)
+    wait_until(
+        lambda: (op := d.status()["operation"]) is not None
+        and any(p["name"] == "probation" for p in op["phases"]),
+        30, 0.01, "the probation phase",
+    )
+    pid = d.status()["server"]["pid"]
+    kill_daemon(d)
+    d.start(wait_ready=False)
+    s = consistent(d)
+    assert s["server"]["pid"] == pid
+    assert s["levers"]["mem_fraction_static"] == 0.8
