@@ -8,12 +8,20 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api import routes
+from api.auth import GuardMiddleware
 from supervisor.core import Supervisor
 from supervisor.metrics import SupervisorMetrics
 
 
-def create_app(supervisor: Supervisor, *, manage_lifecycle: bool = True) -> FastAPI:
-    """An app serving ``supervisor``.
+def create_app(
+    supervisor: Supervisor,
+    *,
+    manage_lifecycle: bool = True,
+    token: str | None = None,
+    metrics_public: bool = False,
+    max_body_bytes: int = 1 << 20,
+) -> FastAPI:
+    """An app serving ``supervisor``; with ``token`` every call but /healthz needs it.
 
     With ``manage_lifecycle`` the app's lifespan starts the supervisor and, on shutdown
     (the daemon's SIGTERM/SIGINT), stops the server and verifies the GPUs released.
@@ -37,4 +45,10 @@ def create_app(supervisor: Supervisor, *, manage_lifecycle: bool = True) -> Fast
     app.state.supervisor = supervisor
     app.state.metrics = SupervisorMetrics(supervisor)
     app.include_router(routes.router)
+    app.add_middleware(
+        GuardMiddleware,
+        token=token,
+        metrics_public=metrics_public,
+        max_body_bytes=max_body_bytes,
+    )
     return app

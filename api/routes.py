@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from api.auth import audit
 from api.models import ApplyRequest
 from supervisor.core import Busy, Supervisor
 from supervisor.levers import LeverError
@@ -90,8 +91,12 @@ async def levers_schema(
 
 
 @router.post("/levers", status_code=202)
-async def post_levers(body: ApplyRequest, sup: SupervisorDep, wait: WaitQuery = False) -> Any:
+async def post_levers(
+    request: Request, body: ApplyRequest, sup: SupervisorDep, wait: WaitQuery = False
+) -> Any:
     """Validate, preflight, then stop -> release -> start -> commit, or roll back."""
+    requested = sup.levers.merged(body.levers, body.env, replace=body.replace)
+    diff = sup.levers.diff(requested)
     try:
         op = await sup.submit_apply(
             body.levers,
@@ -101,6 +106,13 @@ async def post_levers(body: ApplyRequest, sup: SupervisorDep, wait: WaitQuery = 
             drain_timeout_s=body.drain_timeout_s,
         )
     except LeverError as exc:
+        audit(
+            request.scope,
+            "apply",
+            outcome="refused",
+            diff=diff,
+            problems=[p.to_json() for p in exc.problems],
+        )
         raise HTTPException(
             status_code=422,
             detail={
@@ -109,7 +121,11 @@ async def post_levers(body: ApplyRequest, sup: SupervisorDep, wait: WaitQuery = 
             },
         ) from exc
     except Busy as exc:
+        audit(request.scope, "apply", outcome="busy", diff=diff, running=exc.operation.id)
         raise _busy(exc) from exc
+    audit(
+        request.scope, "apply", outcome="accepted", operation=op.id, diff=diff, dry_run=body.dry_run
+    )
     return await _answer(op, wait)
 
 
@@ -123,29 +139,31 @@ async def get_operation(op_id: str, sup: SupervisorDep) -> dict[str, Any]:
     return op.to_json()
 
 
-async def _control(sup: Supervisor, kind: str, wait: bool) -> JSONResponse:
+async def _control(request: Request, sup: Supervisor, kind: str, wait: bool) -> JSONResponse:
     submit = {"stop": sup.submit_stop, "start": sup.submit_start, "restart": sup.submit_restart}
     try:
         op = submit[kind]()
     except Busy as exc:
+        audit(request.scope, kind, outcome="busy", running=exc.operation.id)
         raise _busy(exc) from exc
+    audit(request.scope, kind, outcome="accepted", operation=op.id)
     return await _answer(op, wait)
 
 
 @router.post("/stop", status_code=202)
-async def stop(sup: SupervisorDep, wait: WaitQuery = False) -> JSONResponse:
+async def stop(request: Request, sup: SupervisorDep, wait: WaitQuery = False) -> JSONResponse:
     """SIGTERM the server, SIGKILL after the grace period, verify the GPUs released."""
-    return await _control(sup, "stop", wait)
+    return await _control(request, sup, "stop", wait)
 
 
 @router.post("/start", status_code=202)
-async def start(sup: SupervisorDep, wait: WaitQuery = False) -> JSONResponse:
-    return await _control(sup, "start", wait)
+async def start(request: Request, sup: SupervisorDep, wait: WaitQuery = False) -> JSONResponse:
+    return await _control(request, sup, "start", wait)
 
 
 @router.post("/restart", status_code=202)
-async def restart(sup: SupervisorDep, wait: WaitQuery = False) -> JSONResponse:
-    return await _control(sup, "restart", wait)
+async def restart(request: Request, sup: SupervisorDep, wait: WaitQuery = False) -> JSONResponse:
+    return await _control(request, sup, "restart", wait)
 
 
 @router.get("/metrics")

@@ -30,6 +30,12 @@ class _Section(BaseModel):
 class ApiSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8470, ge=0, le=65535)
+    #: File holding the bearer token (mode 600); $SGLANG_SUPERVISOR_TOKEN takes precedence.
+    token_file: str | None = None
+    #: Serve /metrics without the token (for a Prometheus that cannot send one).
+    metrics_public: bool = False
+    #: Larger request bodies are refused with 413.
+    max_request_bytes: int = Field(1 << 20, ge=1024)
 
 
 class ServerSettings(_Section):

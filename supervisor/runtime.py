@@ -118,3 +118,18 @@ def build_supervisor(settings: Settings) -> Supervisor:
         schema=load_schema(settings),
         store=store,
     )
+
+
+def cleanup(settings: Settings) -> process.TeardownReport:
+    """Stop every process carrying this instance's launch tag (``ExecStopPost=``).
+
+    For the ``KillMode=process`` drop-in: when the service stops, whatever server the
+    daemon left behind goes too — SIGTERM, then SIGKILL after ``stop_grace_s``.
+    """
+    t = settings.timeouts
+    return process.teardown(
+        None,
+        tag_prefix=f"{settings.instance}.",
+        grace_s=t.stop_grace_s,
+        kill_timeout_s=t.kill_timeout_s,
+    )

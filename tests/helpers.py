@@ -159,6 +159,8 @@ class Daemon:
         self.client = httpx.Client(base_url=self.url, timeout=60, trust_env=False)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = tmp / "daemon.log"
+        #: Extra environment of the daemon process (e.g. its API token).
+        self.env: dict[str, str] = {}
 
     def start(self, wait_ready: bool = True) -> Daemon:
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
@@ -167,7 +169,7 @@ class Daemon:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={k: v for k, v in os.environ.items() if k != TAG_ENV},
+            env={**{k: v for k, v in os.environ.items() if k != TAG_ENV}, **self.env},
         )
         log.close()
         wait_until(self._healthy, 30, 0.05, "the daemon's /healthz")

@@ -1,0 +1,154 @@
+"""Bearer-token authentication, request size limits and the audit log.
+
+The token comes from ``$SGLANG_SUPERVISOR_TOKEN`` or ``[api] token_file`` (refused when the
+file is readable by group or others). It is required on every call except ``/healthz``
+and, when ``metrics_public``, ``/metrics``; compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+TOKEN_ENV = "SGLANG_SUPERVISOR_TOKEN"
+audit_log = logging.getLogger("supervisor.audit")
+
+
+class AuthConfigError(ValueError):
+    """The token setup is unsafe or broken; the message says what to fix."""
+
+
+def load_token(token_file: str | None) -> str | None:
+    """The API token from the environment or ``token_file``; None when neither is set."""
+    env = os.environ.get(TOKEN_ENV)
+    if env is not None:
+        if not env.strip():
+            raise AuthConfigError(f"${TOKEN_ENV} is set but empty")
+        return env.strip()
+    if token_file is None:
+        return None
+    path = Path(token_file)
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise AuthConfigError(f"cannot read token file {path}: {exc.strerror}") from exc
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise AuthConfigError(
+            f"token file {path} is readable by group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):o}); run: chmod 600 {path}"
+        )
+    token = path.read_text().strip()
+    if not token:
+        raise AuthConfigError(f"token file {path} is empty")
+    return token
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_listen(host: str, token: str | None) -> None:
+    """Refuse to serve a non-loopback address without a token."""
+    if token is None and not is_loopback(host):
+        raise AuthConfigError(
+            f"refusing to listen on {host} without a token: anyone who reaches it could "
+            f"reconfigure the GPU server. Set ${TOKEN_ENV} or [api] token_file, or listen "
+            "on 127.0.0.1"
+        )
+
+
+async def _reply(send: Send, status: int, body: dict[str, Any], extra: list[Any]) -> None:
+    data = json.dumps({"detail": body}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + extra})
+    await send({"type": "http.response.body", "body": data})
+
+
+class GuardMiddleware:
+    """Token check and body-size limit, before any route runs."""
+
+    def __init__(
+        self, app: ASGIApp, *, token: str | None, metrics_public: bool, max_body_bytes: int
+    ) -> None:
+        self.app = app
+        self.token = token
+        self.metrics_public = metrics_public
+        self.max_body = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        public = path == "/healthz" or (self.metrics_public and path == "/metrics")
+        if self.token is not None and not public:
+            headers = dict(scope.get("headers") or [])
+            given = headers.get(b"authorization", b"").decode(errors="replace")
+            scheme, _, credential = given.partition(" ")
+            ok = scheme.lower() == "bearer" and hmac.compare_digest(
+                credential.strip().encode(), self.token.encode()
+            )
+            if not ok:
+                audit(scope, "refused", reason="missing or wrong bearer token")
+                await _reply(
+                    send,
+                    401,
+                    {"message": "a bearer token is required (Authorization: Bearer <token>)"},
+                    [(b"www-authenticate", b'Bearer realm="sglang-supervisor"')],
+                )
+                return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            await _reply(send, 413, {"message": f"request body over {self.max_body} bytes"}, [])
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await _reply(send, 413, {"message": f"request body over {self.max_body} bytes"}, [])
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def client_address(scope: Scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "unknown"
+
+
+def audit(scope: Scope, action: str, **fields: Any) -> None:
+    """One line per mutating call: who (address), what, and the outcome / lever diff."""
+    record = {
+        "time": time.time(),
+        "client": client_address(scope),
+        "method": scope.get("method"),
+        "path": scope.get("path"),
+        "action": action,
+        **fields,
+    }
+    audit_log.info("%s", json.dumps(record, sort_keys=True, default=str))

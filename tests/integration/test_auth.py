@@ -1,0 +1,125 @@
+"""No one reconfigures a GPU server without the credential; every change is audited."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.helpers import Daemon
+
+TOKEN = "s3cret-token-for-tests"
+
+
+def test_token_is_required_except_on_healthz(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory()
+    d.env["SGLANG_SUPERVISOR_TOKEN"] = TOKEN
+    d.start(wait_ready=False)
+    anon = httpx.Client(base_url=d.url, timeout=10, trust_env=False)
+    assert anon.get("/healthz").status_code == 200
+    for method, path in [
+        ("GET", "/status"),
+        ("GET", "/metrics"),
+        ("POST", "/levers"),
+        ("POST", "/stop"),
+        ("GET", "/levers/schema"),
+        ("GET", "/events"),
+    ]:
+        r = anon.request(method, path, json={})
+        assert r.status_code == 401, (path, r.status_code)
+        assert r.headers["www-authenticate"].startswith("Bearer")
+    wrong = anon.get("/status", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    d.client.headers["Authorization"] = f"Bearer {TOKEN}"
+    d.wait_state("ready")
+    r = d.apply({"mem_fraction_static": 0.8})
+    assert r.json()["operation"]["state"] == "succeeded"
+    anon.close()
+    # The audit log names the caller and the lever diff, refusals included.
+    lines = [json.loads(x) for x in (d.dir / "state" / "audit.log").read_text().splitlines()]
+    applied = [x for x in lines if x["action"] == "apply" and x["outcome"] == "accepted"]
+    assert applied and applied[0]["client"].startswith("127.0.0.1:")
+    assert applied[0]["diff"] == {"mem_fraction_static": {"old": 0.85, "new": 0.8}}
+    assert any(x["action"] == "refused" for x in lines)
+
+
+def test_metrics_can_be_public(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory(extra={"api": {"metrics_public": True}})
+    d.env["SGLANG_SUPERVISOR_TOKEN"] = TOKEN
+    d.start(wait_ready=False)
+    with httpx.Client(base_url=d.url, timeout=10, trust_env=False) as anon:
+        assert anon.get("/metrics").status_code == 200
+        assert anon.get("/status").status_code == 401
+
+
+def test_oversized_request_is_refused(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory(extra={"api": {"max_request_bytes": 4096}}).start()
+    pid = d.status()["server"]["pid"]
+    r = d.client.post("/levers", json={"levers": {"served_model_name": "x" * 10_000}})
+    assert r.status_code == 413
+    assert d.status()["server"]["pid"] == pid
+
+
+def _serve(
+    tmp: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "api.cli",
+            "serve",
+            "--simulate",
+            "--state-dir",
+            str(tmp / "s"),
+            "--port",
+            "0",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def test_group_readable_token_file_is_refused(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o640)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[api]\ntoken_file = "{token}"\n')
+    out = _serve(tmp_path, "--config", str(cfg))
+    assert out.returncode == 2
+    assert "chmod 600" in out.stderr and str(token) in out.stderr
+
+
+def test_non_loopback_without_token_is_refused(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_SUPERVISOR_TOKEN"}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "api.cli",
+            "serve",
+            "--simulate",
+            "--state-dir",
+            str(tmp_path / "s"),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert "refusing to listen on 0.0.0.0 without a token" in out.stderr
