@@ -168,6 +168,8 @@ class Supervisor:
         self.restarts_by_reason: dict[str, int] = {}
         self.crash_times: deque[float] = deque()
         self.operation: Operation | None = None
+        #: The last operation that ended (its error explains a failed start, say).
+        self.last_operation: Operation | None = None
         self.operations: dict[str, Operation] = {}
         self.warnings: list[str] = []
         #: Whether SGLang's own parser (in settings.server.python) validates levers too.
@@ -263,14 +265,7 @@ class Supervisor:
             op.finish(FAILED, str(exc))
             return
         await self._measure_baseline()
-        foreign = await self._foreign_processes()
-        if foreign:
-            why = (
-                f"not starting: {foreign}; stop it or take that GPU out of server.gpus, then "
-                "POST /start (a process that is not ours is never killed automatically)"
-            )
-            self.warnings.append(why)
-            op.finish(FAILED, why)
+        if await self._refuse_if_foreign(op):
             return
         if self._persisted.pending_operation is not None:
             pending = self._persisted.pending_operation
@@ -284,6 +279,20 @@ class Supervisor:
             await self._recover_loop(op, op.rollback_reason or "the initial start failed")
             return
         await self._commit(op, self.levers)
+
+    async def _refuse_if_foreign(self, op: Operation) -> bool:
+        """Fail ``op`` (True) when a process that is not ours holds a managed GPU."""
+        foreign = await self._foreign_processes()
+        if foreign is None:
+            return False
+        why = (
+            f"not starting: {foreign}; stop it or take that GPU out of server.gpus, then "
+            "POST /start (a process that is not ours is never killed automatically)"
+        )
+        log.error("%s", why)
+        op.phase("foreign_processes").end(FAILED, why)
+        op.finish(FAILED, why)
+        return True
 
     async def _foreign_processes(self) -> str | None:
         """A description of processes that are not ours on the managed GPUs, or None."""
@@ -484,6 +493,7 @@ class Supervisor:
         if op.reported:
             return
         op.reported = True
+        self.last_operation = op
         key = (op.kind, op.state)
         self.operation_counts[key] = self.operation_counts.get(key, 0) + 1
         if op.kind == "apply" and op.state == SUCCEEDED:
@@ -660,8 +670,15 @@ class Supervisor:
             op.phase("start").end(SUCCEEDED, "already ready; nothing to do")
             op.finish(SUCCEEDED)
             return
-        if not await self._stop_and_release(op, f"clean up before start ({op.id})", S.STOPPED):
+        members = await asyncio.to_thread(self._members_now)
+        # From a verified stopped state with nothing of ours left, there is nothing to
+        # release (and memory a foreign process holds must not be waited for).
+        if (self.state != S.STOPPED or members) and not await self._stop_and_release(
+            op, f"clean up before start ({op.id})", S.STOPPED
+        ):
             op.finish(FAILED, self.state_reason)
+            return
+        if await self._refuse_if_foreign(op):
             return
         if await self._launch_until_ready(op, self.levers, probation=False):
             await self._commit(op, self.levers)
@@ -672,6 +689,8 @@ class Supervisor:
     async def _restart_op(self, op: Operation) -> None:
         if not await self._stop_and_release(op, f"operator restart ({op.id})", S.STOPPED):
             op.finish(FAILED, self.state_reason)
+            return
+        if await self._refuse_if_foreign(op):
             return
         if await self._launch_until_ready(op, self.levers, probation=False):
             await self._commit(op, self.levers)
@@ -1114,6 +1133,12 @@ class Supervisor:
             "gpus": await self.gpu_status(),
             "gpu_probe": {"kind": self.probe.kind, "pids_are_local": self.probe.pids_are_local()},
             "operation": None if self.operation is None else self.operation.to_json(),
+            "last_operation": None
+            if self.last_operation is None
+            else {
+                k: self.last_operation.to_json()[k]
+                for k in ("id", "kind", "state", "error", "ended_at")
+            },
             "restarts": self.restarts,
             "restarts_by_reason": dict(self.restarts_by_reason),
             "throughput": self.throughput.to_json(),

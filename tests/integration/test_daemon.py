@@ -6,14 +6,19 @@ back, simulated GPU memory at baseline, no process of ours left behind.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 
+from supervisor.sim.gpus import sim_gpu_uuid
 from tests.helpers import Daemon, tagged_processes, wait_until
 
 DONE_WHEN = {
@@ -235,3 +240,35 @@ def test_operation_is_readable_by_id_and_unknown_is_404(daemon_factory: type[Dae
         and done["levers_effective"]["levers"]["chunked_prefill_size"] == 4096
     )
     assert d.client.get("/operations/nope").status_code == 404
+
+
+def test_foreign_process_on_a_managed_gpu_blocks_the_launch(
+    daemon_factory: type[Daemon], tmp_path: Path
+) -> None:
+    d = daemon_factory().start()
+    assert _op(d.client.post("/stop", params={"wait": "true"}))["state"] == "succeeded"
+    foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        # The foreign process "holds" 10 GiB on GPU 1 of the simulated host.
+        registry = d.dir / "state" / "sim-gpus"
+        entry = {
+            "pid": foreign.pid,
+            "create_time": psutil.Process(foreign.pid).create_time(),
+            "gpu_uuid": sim_gpu_uuid(1),
+            "bytes": 10 * 2**30,
+        }
+        (registry / f"{foreign.pid}.json").write_text(json.dumps(entry))
+        op = _op(d.client.post("/start", params={"wait": "true"}))
+        assert op["state"] == "failed"
+        assert f"pid {foreign.pid} holds 10.0 GiB on GPU 1" in op["error"]
+        s = d.status()
+        assert s["state"] == "stopped" and s["last_operation"]["error"] == op["error"]
+        gpu1 = s["gpus"][1]["processes"]
+        assert gpu1 == [{"pid": foreign.pid, "used_bytes": 10 * 2**30, "member": False}]
+        r = d.apply({"mem_fraction_static": 0.8})
+        assert r.status_code == 422 and f"pid {foreign.pid}" in r.text
+        assert foreign.poll() is None, "a foreign process must never be killed"
+    finally:
+        foreign.kill()
+        foreign.wait(10)
+    assert _op(d.client.post("/start", params={"wait": "true"}))["state"] == "succeeded"
