@@ -24,11 +24,23 @@ from supervisor.config import Settings
 from supervisor.events import EventBus
 from supervisor.gpu import GpuInfo, GpuProbe, GpuQueryError, GpuSample, wait_released
 from supervisor.health import HealthChecker
-from supervisor.levers import LeverError, LeverProblem, LeverSet, check_levers, render_argv
+from supervisor.levers import (
+    LeverError,
+    LeverProblem,
+    LeverSet,
+    canonical_names,
+    check_levers,
+    render_argv,
+)
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation, wall_iso
 from supervisor.process import TeardownReport
 from supervisor.schema import FlagSchema
-from supervisor.sglang_parser import ParserUnavailable, check_argv, lever_for_message, load_schema
+from supervisor.sglang_parser import (
+    LoadedSchema,
+    ParserUnavailable,
+    check_argv,
+    lever_for_message,
+)
 from supervisor.states import IDLE_STATES, ServerState, check_transition
 from supervisor.store import PersistedState, RecordedServer, Store, StoreError
 from supervisor.telemetry import Throughput, last_decode_line, parse_metrics, tail_lines
@@ -137,6 +149,7 @@ class Supervisor:
         store: Store,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = 0.1,
+        schema_loader: Callable[[str, Path], LoadedSchema] | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
@@ -144,6 +157,8 @@ class Supervisor:
         self.procs = procs
         self.health = health
         self.schema = schema
+        #: Reads the live schema from settings.server.python at start (None: keep ``schema``).
+        self.schema_loader = schema_loader
         self.store = store
         self.clock = clock
         self.poll_s = poll_s
@@ -174,6 +189,8 @@ class Supervisor:
         self.warnings: list[str] = []
         #: Whether SGLang's own parser (in settings.server.python) validates levers too.
         self.schema_live = False
+        #: Why SGLang's own parser is not used (None when it is).
+        self.schema_warning: str | None = None
         self.tag_prefix = f"{settings.instance}."
         self._persisted = PersistedState()
         self._op_task: asyncio.Task[None] | None = None
@@ -213,13 +230,15 @@ class Supervisor:
         self._persisted = await asyncio.to_thread(self.store.load)
         if self._persisted.load_warning:
             self.warnings.append(self._persisted.load_warning)
-        loaded = await asyncio.to_thread(
-            load_schema, self.settings.server.python, self.store.dir / "schema-cache"
-        )
-        self.schema, self.schema_live = loaded.schema, loaded.live
-        if loaded.warning:
-            log.warning("%s", loaded.warning)
-            self.warnings.append(loaded.warning)
+        if self.schema_loader is not None:
+            loaded = await asyncio.to_thread(
+                self.schema_loader, self.settings.server.python, self.store.dir / "schema-cache"
+            )
+            self.schema, self.schema_live = loaded.schema, loaded.live
+            self.schema_warning = loaded.warning
+            if loaded.warning:
+                log.warning("%s", loaded.warning)
+                self.warnings.append(loaded.warning)
         names = self.settings.server.gpus or [str(d.index) for d in self.probe.devices()]
         self.managed = await asyncio.to_thread(self._resolve, names)
         initial = self._persisted.last_good or self._persisted.levers
@@ -261,10 +280,10 @@ class Supervisor:
         try:
             if members:
                 await self._clear_leftovers(op, members)
+            await self._measure_baseline()
         except StartFailed as exc:
             op.finish(FAILED, str(exc))
             return
-        await self._measure_baseline()
         if await self._refuse_if_foreign(op):
             return
         if self._persisted.pending_operation is not None:
@@ -410,7 +429,7 @@ class Supervisor:
         try:
             samples = await asyncio.to_thread(self.probe.sample, self._indices())
         except GpuQueryError as exc:
-            raise ValueError(f"cannot read the managed GPUs: {exc}") from exc
+            raise StartFailed(f"cannot read the managed GPUs: {exc}") from exc
         # Foreign processes count in the baseline: release waits for *our* memory only.
         self.baseline = {s.index: s.memory_used_bytes for s in samples}
         self._persisted.baseline = dict(self.baseline)
@@ -560,9 +579,8 @@ class Supervisor:
             return [
                 LeverProblem(
                     "server.python",
-                    f"{self.settings.server.python} cannot run SGLang ("
-                    + "; ".join(self.warnings[-1:])
-                    + "); install SGLang there or fix server.python",
+                    f"{self.settings.server.python} cannot run SGLang ({self.schema_warning}); "
+                    "install SGLang there or fix server.python",
                 )
             ]
         samples: list[GpuSample] | None
@@ -604,11 +622,15 @@ class Supervisor:
         Raises ``LeverError`` (nothing touched) or ``Busy``. With ``dry_run`` the returned
         operation is already finished and nothing was touched.
         """
-        if not dry_run and self.operation is not None and not self.operation.finished:
-            self._preempt_backoff()
-            if self.operation is not None:
-                raise Busy(self.operation)
-        requested = self.levers.merged(levers, env, replace=replace)
+        current = self.operation
+        # A restart waiting out its backoff yields to the operator, but only once the
+        # request has been found valid (below): a typo must not cancel a recovery.
+        waiting_restart = current is not None and current.kind == "recover" and (
+            self.state == S.BACKOFF
+        )
+        if not dry_run and current is not None and not current.finished and not waiting_restart:
+            raise Busy(current)
+        requested = self.levers.merged(canonical_names(levers, self.schema), env, replace=replace)
         t0 = time.monotonic()
         checked, validate_detail = await self.validate(requested)
         t_validate = time.monotonic() - t0
@@ -621,7 +643,7 @@ class Supervisor:
             self.operations[op.id] = op
         else:
             self._preempt_backoff()
-            op = self._begin("apply", checked)
+            op = self._begin("apply", checked)  # Busy if another operation started meanwhile
         for name, detail, took in (
             ("validate", validate_detail, t_validate),
             ("preflight", "GPUs, host RAM, port, model path", t_preflight),
@@ -738,6 +760,9 @@ class Supervisor:
 
     async def _commit(self, op: Operation, levers: LeverSet) -> None:
         ph = op.phase("commit")
+        if op.kind in ("apply", "start", "restart"):
+            # An operator's successful change starts the crash-loop count afresh.
+            self.crash_times.clear()
         self.levers = levers
         self.last_good = levers
         self._persisted.levers = levers
@@ -933,7 +958,7 @@ class Supervisor:
             remaining = deadline - self.clock()
             if remaining <= 0:
                 raise StartFailed(
-                    f"not ready after {t.ready_timeout_s:.0f}s (ready_timeout_s): "
+                    f"not ready after {t.ready_timeout_s:g}s (ready_timeout_s): "
                     f"/health_generate never answered 200; pid {handle.pid} was still running"
                 )
             probe = await self.health.generate_ok(self.url, min(5.0, max(0.5, remaining)))
@@ -954,9 +979,11 @@ class Supervisor:
 
     async def _probation(self, handle: ServerHandle) -> None:
         deadline = self.clock() + self.settings.timeouts.probation_s
-        while self.clock() < deadline:
+        while True:
             if handle.poll():
                 raise StartFailed(await self._exit_reason(handle, "within the probation window"))
+            if self.clock() >= deadline:
+                return
             await asyncio.sleep(self.poll_s)
 
     async def _exit_reason(self, handle: ServerHandle, when: str) -> str:

@@ -110,6 +110,9 @@ class ReleaseResult:
     gpus: list[GpuReleaseState] = field(default_factory=list)
     #: The last query error, if the probe failed along the way.
     error: str | None = None
+    #: Clean samples in a row at the end, and how many were required.
+    streak: int = 0
+    required: int = 1
 
     def describe(self) -> str:
         if self.released:
@@ -120,7 +123,12 @@ class ReleaseResult:
             extra = g.memory_used_bytes - g.baseline_bytes
             who = f", member pids {g.member_pids}" if g.member_pids else ""
             parts.append(f"GPU {g.index}: {extra / 2**20:.0f} MiB above baseline{who}")
-        why = "; ".join(parts) or (self.error or "no sample succeeded")
+        if parts:
+            why = "; ".join(parts)
+        elif self.streak:
+            why = f"clean for only {self.streak} of the {self.required} samples required"
+        else:
+            why = self.error or "no sample succeeded"
         return f"GPUs not released after {self.elapsed_s:.1f}s: {why}"
 
 
@@ -180,7 +188,7 @@ def wait_released(
             streak = streak + 1 if all(g.released for g in last) else 0
         now = clock()
         if streak >= consecutive:
-            return ReleaseResult(True, now - start, n, last, error)
+            return ReleaseResult(True, now - start, n, last, error, streak, consecutive)
         if now >= deadline:
-            return ReleaseResult(False, now - start, n, last, error)
+            return ReleaseResult(False, now - start, n, last, error, streak, consecutive)
         sleep(min(interval_s, max(0.0, deadline - now)))

@@ -109,6 +109,22 @@ def normalize_name(name: str) -> str:
     return name.strip().lstrip("-").replace("-", "_")
 
 
+def canonical_names(levers: Mapping[str, Any], schema: FlagSchema) -> dict[str, Any]:
+    """Request keys as dest names (``tensor_parallel_size`` -> ``tp_size``), so a merge
+    onto the current levers replaces (or, with None, removes) the right one. Unknown names
+    are kept as given: validation reports them."""
+    aliases = {normalize_name(o): spec.dest for o, spec in schema.by_option().items()}
+    out: dict[str, Any] = {}
+    for raw, value in levers.items():
+        name = normalize_name(raw)
+        dest = name if name in schema.flags else aliases.get(name)
+        key = dest or raw
+        if key in out and key != raw:
+            key = raw  # two spellings of one flag: keep both, validation refuses it
+        out[key] = value
+    return out
+
+
 def _suggest(name: str, schema: FlagSchema) -> str:
     prefixed = sorted(d for d in schema.flags if d.startswith(name))
     if prefixed:
@@ -169,6 +185,9 @@ def _coerce_scalar(spec: FlagSpec, value: Any) -> tuple[Scalar | None, str | Non
         text = value if isinstance(value, str) else str(value)
         if "\x00" in text:
             return None, "a value cannot contain a NUL byte"
+        if text == "--":
+            # argparse drops a bare "--" even in the --flag=-- form: it cannot arrive.
+            return None, "the value '--' cannot be passed through argparse"
         return text, None
     return None, f"unsupported value {value!r}"
 
@@ -229,6 +248,7 @@ def check_levers(levers: LeverSet, schema: FlagSchema) -> LeverSet:
     problems: list[LeverProblem] = []
     aliases = {normalize_name(o): spec for o, spec in schema.by_option().items()}
     canon: dict[str, Value] = {}
+    spelled: dict[str, str] = {}  # dest -> the name the request used for it
     for raw_name, value in levers.levers.items():
         name = normalize_name(raw_name)
         if name in OWNED_FLAGS:
@@ -245,12 +265,19 @@ def check_levers(levers: LeverSet, schema: FlagSchema) -> LeverSet:
                 LeverProblem(raw_name, f"cannot be set by a lever: {OWNED_FLAGS[spec.dest]}")
             )
             continue
+        if spec.dest in spelled:
+            problems.append(
+                LeverProblem(
+                    raw_name,
+                    f"names the same flag ({spec.option}) as lever {spelled[spec.dest]!r}; "
+                    "give it once",
+                )
+            )
+            continue
+        spelled[spec.dest] = raw_name
         v, err = _check_one(spec, value)
         if err is not None:
             problems.append(LeverProblem(raw_name, f"{spec.option}: {err}"))
-            continue
-        if spec.dest in canon and spec.dest != name:
-            problems.append(LeverProblem(raw_name, f"duplicates lever {spec.dest!r}"))
             continue
         assert v is not None
         canon[spec.dest] = v

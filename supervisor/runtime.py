@@ -10,7 +10,8 @@ from supervisor import process
 from supervisor.config import Settings
 from supervisor.core import Backend, ServerHandle, Supervisor
 from supervisor.health import HttpHealthChecker
-from supervisor.schema import FlagSchema, load_bundled
+from supervisor.schema import load_bundled
+from supervisor.sglang_parser import load_schema
 from supervisor.store import Store
 
 GiB = 1 << 30
@@ -102,10 +103,6 @@ def build_backend(settings: Settings) -> Backend:
     )
 
 
-def load_schema(settings: Settings) -> FlagSchema:
-    return load_bundled()
-
-
 def build_supervisor(settings: Settings) -> Supervisor:
     """A Supervisor wired to real processes, real HTTP probes and the state directory."""
     store = Store(settings.state_dir)
@@ -115,7 +112,8 @@ def build_supervisor(settings: Settings) -> Supervisor:
         backend=build_backend(settings),
         procs=OsProcessOps(cwd),
         health=HttpHealthChecker(),
-        schema=load_schema(settings),
+        schema=load_bundled(),
+        schema_loader=load_schema,
         store=store,
     )
 

@@ -100,9 +100,13 @@ def test_sigkill_after_new_levers_are_ready_keeps_them(daemon_factory: type[Daem
     d = daemon_factory(timeouts={"probation_s": 10.0}).start()
     d.apply({"mem_fraction_static": 0.8}, wait=False)
     wait_until(
-        lambda: (op := d.status()["operation"]) is not None
-        and any(p["name"] == "probation" for p in op["phases"]),
-        30, 0.01, "the probation phase",
+        lambda: (
+            (op := d.status()["operation"]) is not None
+            and any(p["name"] == "probation" for p in op["phases"])
+        ),
+        30,
+        0.01,
+        "the probation phase",
     )
     pid = d.status()["server"]["pid"]
     kill_daemon(d)

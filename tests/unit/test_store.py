@@ -1,0 +1,199 @@
+"""The state directory: atomic saves, a previous copy, damage detected and reported.
+
+What an operator must be able to count on: after any crash, disk-full or corruption, a
+restarted daemon starts the last good levers it knows, and says when it had to fall back.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.levers import LeverSet
+from supervisor.store import (
+    PREV_FILE,
+    STATE_FILE,
+    PersistedState,
+    RecordedServer,
+    Store,
+    StoreError,
+)
+
+GOOD = LeverSet({"tp_size": 8, "mem_fraction_static": 0.85}, {"NCCL_DEBUG": "INFO"})
+NEWER = LeverSet({"tp_size": 8, "mem_fraction_static": 0.9, "kv_cache_dtype": "fp8_e4m3"}, {})
+
+
+def state(levers: LeverSet, last_good: LeverSet | None = None) -> PersistedState:
+    return PersistedState(levers=levers, last_good=last_good or levers)
+
+
+def test_save_load_round_trip(tmp_path: Path) -> None:
+    saved = PersistedState(
+        levers=NEWER,
+        last_good=GOOD,
+        server=RecordedServer(4242, 1700000000.25, "inst.abc123", "/tmp/x.log", NEWER.to_json()),
+        pending_operation={"id": "op1", "kind": "apply", "levers": NEWER.to_json()},
+    )
+    Store(tmp_path).save(saved)
+    loaded = Store(tmp_path).load()  # a new Store: what a restarted daemon sees
+    assert loaded.levers == NEWER
+    assert loaded.last_good == GOOD
+    assert loaded.server == saved.server
+    assert loaded.pending_operation == saved.pending_operation
+    assert loaded.load_warning is None
+
+
+def test_empty_state_dir_loads_empty_without_warning(tmp_path: Path) -> None:
+    loaded = Store(tmp_path / "new").load()
+    assert loaded.levers is None
+    assert loaded.last_good is None
+    assert loaded.load_warning is None
+
+
+def test_the_previous_copy_is_kept(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.save(state(GOOD))
+    store.save(state(NEWER))
+    assert Store(tmp_path).load().levers == NEWER
+    (tmp_path / STATE_FILE).unlink()
+    assert Store(tmp_path).load().levers == GOOD
+
+
+def test_no_temporary_file_is_left_behind(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.save(state(GOOD))
+    store.save(state(NEWER))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([PREV_FILE, STATE_FILE])
+
+
+def _truncate(path: Path) -> None:
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+
+
+def _flip_a_value(path: Path) -> None:
+    """Valid JSON whose content no longer matches its checksum (a bit flip on disk)."""
+    raw = json.loads(path.read_text())
+    raw["data"]["levers"]["levers"]["mem_fraction_static"] = 0.99
+    path.write_text(json.dumps(raw))
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(b"\x00\xff\xfe not json at all")
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip_a_value, _garbage], ids=lambda f: f.__name__)
+def test_damaged_state_falls_back_to_the_previous_copy(tmp_path: Path, damage: Any) -> None:
+    store = Store(tmp_path)
+    store.save(state(GOOD))
+    store.save(state(NEWER))
+    damage(tmp_path / STATE_FILE)
+    loaded = Store(tmp_path).load()
+    assert loaded.levers == GOOD
+    assert loaded.last_good == GOOD
+    warning = loaded.load_warning
+    assert warning is not None
+    assert f"{tmp_path / STATE_FILE} is damaged" in warning
+    assert f"using {tmp_path / PREV_FILE}" in warning
+
+
+def test_checksum_mismatch_is_named(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.save(state(GOOD))
+    store.save(state(NEWER))
+    _flip_a_value(tmp_path / STATE_FILE)
+    warning = Store(tmp_path).load().load_warning
+    assert warning is not None
+    assert "checksum mismatch" in warning
+
+
+def test_both_copies_damaged_starts_empty_and_says_so(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.save(state(GOOD))
+    store.save(state(NEWER))
+    _truncate(tmp_path / STATE_FILE)
+    _garbage(tmp_path / PREV_FILE)
+    loaded = Store(tmp_path).load()
+    assert loaded.levers is None
+    assert loaded.last_good is None
+    warning = loaded.load_warning
+    assert warning is not None
+    assert STATE_FILE in warning
+    assert PREV_FILE in warning
+    assert "starting from the configured levers" in warning
+
+
+def test_a_damaged_file_never_becomes_the_fallback(tmp_path: Path) -> None:
+    """Saving over a damaged state.json must not rotate the damage into state.prev.json."""
+    store = Store(tmp_path)
+    store.save(state(GOOD))
+    store.save(state(GOOD))  # prev = GOOD
+    _truncate(tmp_path / STATE_FILE)
+    store.save(state(NEWER))
+    (tmp_path / STATE_FILE).unlink()
+    assert Store(tmp_path).load().levers == GOOD
+
+
+def _disk_full(*args: Any, **kwargs: Any) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_disk_full_raises_store_error_and_keeps_the_previous_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(tmp_path)
+    store.save(state(GOOD))
+    monkeypatch.setattr(os, "fsync", _disk_full)
+    with pytest.raises(StoreError) as info:
+        store.save(state(NEWER))
+    message = str(info.value)
+    assert "No space left on device" in message
+    assert "the previous state is kept" in message
+    assert str(tmp_path / STATE_FILE) in message
+    monkeypatch.undo()
+    loaded = Store(tmp_path).load()
+    assert loaded.levers == GOOD
+    assert loaded.last_good == GOOD
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_unwritable_state_dir_raises_store_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(tmp_path)
+    store.save(state(GOOD))
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr("supervisor.store.open", refuse, raising=False)
+    with pytest.raises(StoreError, match=r"Permission denied.*the previous state is kept"):
+        store.save(state(NEWER))
+    monkeypatch.undo()
+    assert Store(tmp_path).load().levers == GOOD
+
+
+def test_a_failed_write_then_a_good_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store(tmp_path)
+    store.save(state(GOOD))
+    monkeypatch.setattr(os, "fsync", _disk_full)
+    with pytest.raises(StoreError):
+        store.save(state(NEWER))
+    monkeypatch.undo()
+    store.save(state(NEWER))
+    loaded = Store(tmp_path).load()
+    assert loaded.levers == NEWER
+    assert loaded.load_warning is None
+
+
+def test_history_is_appended_one_json_line_per_operation(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.append_history({"id": "a", "state": "succeeded"})
+    store.append_history({"id": "b", "state": "rolled_back"})
+    lines = (tmp_path / "operations.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in lines] == ["a", "b"]
