@@ -20,6 +20,7 @@ def create_app(
     token: str | None = None,
     metrics_public: bool = False,
     max_body_bytes: int = 1 << 20,
+    keep_server: bool = False,
 ) -> FastAPI:
     """An app serving ``supervisor``; with ``token`` every call but /healthz needs it.
 

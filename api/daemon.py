@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 
@@ -18,6 +19,17 @@ from supervisor.config import Settings
 from supervisor.states import ServerState
 
 log = logging.getLogger("supervisor")
+
+
+KEEP_SERVER_ENV = "SGLANG_SUPERVISOR_KEEP_SERVER"
+
+
+def keep_server_on_exit(settings: Settings) -> bool:
+    """Whether the daemon's exit leaves the server running (the KillMode=process drop-in)."""
+    env = os.environ.get(KEEP_SERVER_ENV, "").strip().lower()
+    if env:
+        return env in ("1", "true", "yes")
+    return settings.keep_server_on_exit
 
 
 def _audit_to_file(settings: Settings) -> None:
@@ -71,6 +83,7 @@ async def serve(settings: Settings, log_level: str = "info") -> int:
         token=token,
         metrics_public=settings.api.metrics_public,
         max_body_bytes=settings.api.max_request_bytes,
+        keep_server=keep_server_on_exit(settings),
     )
     config = uvicorn.Config(
         app,
@@ -87,14 +100,19 @@ async def serve(settings: Settings, log_level: str = "info") -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     notifier = asyncio.create_task(_notify_when_listening(server, state))
+    keep = keep_server_on_exit(settings)
     try:
         await server.serve()
     finally:
         notifier.cancel()
-        sdnotify.notify("STOPPING=1\nSTATUS=stopping the server and verifying GPU release")
+        budget_us = int(sup.teardown_budget_s() * 1e6)
+        sdnotify.notify(
+            f"STOPPING=1\nEXTEND_TIMEOUT_USEC={budget_us}\n"
+            "STATUS=stopping the server and verifying GPU release"
+        )
         # A second Ctrl-C makes uvicorn skip the lifespan shutdown: never leave the
         # server behind because of that. shutdown() is idempotent.
-        await sup.shutdown()
+        await sup.shutdown(keep_server=keep)
         with contextlib.suppress(asyncio.CancelledError):
             await notifier
     return 0 if server.started else 1

@@ -15,6 +15,8 @@ echo "== ruff"
 .venv/bin/ruff format --check .
 echo "== mypy"
 .venv/bin/mypy
+echo "== deploy assets (promtool, systemd-analyze)"
+bash scripts/check-deploy.sh
 echo "== pytest"
 export SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON="$PWD/.venv-sglang/bin/python"
 .venv/bin/pytest -q -p no:cacheprovider "$@"

@@ -104,6 +104,10 @@ class Settings(_Section):
     state_dir: Path = Field(default_factory=lambda: default_state_dir())
     #: Names this daemon's launches (the launch tag is ``<instance>.<launch id>``).
     instance: str = Field("sglang-supervisor", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    #: Leave the server running when the daemon exits, for the next daemon to adopt (no
+    #: model reload on a daemon upgrade). Pair with systemd KillMode=process and the
+    #: cleanup ExecStopPost; $SGLANG_SUPERVISOR_KEEP_SERVER=1 sets it too.
+    keep_server_on_exit: bool = False
     api: ApiSettings = Field(default_factory=ApiSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)

@@ -434,10 +434,18 @@ class Supervisor:
         self.baseline = {s.index: s.memory_used_bytes for s in samples}
         self._persisted.baseline = dict(self.baseline)
 
-    async def shutdown(self) -> None:
+    def teardown_budget_s(self) -> float:
+        """The longest a shutdown may take: grace + kill wait + release (pinned memory)."""
+        t = self.settings.timeouts
+        levers = self.server.levers if self.server is not None else None
+        return t.stop_grace_s + t.kill_timeout_s + self._release_timeout(levers)
+
+    async def shutdown(self, *, keep_server: bool = False) -> None:
         """Stop the server (SIGTERM, grace, SIGKILL), verify the GPUs released, stop watching.
 
         Called on the daemon's SIGTERM/SIGINT. A running operation is cancelled first.
+        With ``keep_server`` (systemd ``KillMode=process``) the server is left running and
+        recorded, for the next daemon to adopt: a daemon upgrade costs no model reload.
         Idempotent: a second call returns at once.
         """
         if self._shut_down:
@@ -453,6 +461,16 @@ class Supervisor:
         if self.operation is not None and not self.operation.finished:
             self.operation.finish(FAILED, "the daemon was shut down during the operation")
             self.operation = None
+        if keep_server:
+            log.info(
+                "leaving the server running for the next daemon to adopt (%s)",
+                f"pid {self.server.handle.pid}" if self.server is not None else "none running",
+            )
+            with contextlib.suppress(StoreError):
+                await asyncio.to_thread(self._save)
+            await self.health.aclose()
+            self.probe.close()
+            return
         op = Operation(kind="shutdown")
         self.operations[op.id] = op
         released = await self._stop_and_release(op, "daemon shutdown", S.STOPPED)
@@ -625,8 +643,8 @@ class Supervisor:
         current = self.operation
         # A restart waiting out its backoff yields to the operator, but only once the
         # request has been found valid (below): a typo must not cancel a recovery.
-        waiting_restart = current is not None and current.kind == "recover" and (
-            self.state == S.BACKOFF
+        waiting_restart = (
+            current is not None and current.kind == "recover" and (self.state == S.BACKOFF)
         )
         if not dry_run and current is not None and not current.finished and not waiting_restart:
             raise Busy(current)

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from supervisor.gpu import GpuQueryError
-from supervisor.operations import Operation
+from supervisor.operations import OUTCOMES, Operation
 from supervisor.states import ServerState
 
 if TYPE_CHECKING:
@@ -86,8 +86,11 @@ class _Collector(Collector):
             "Finished operations by kind and outcome",
             labels=["kind", "outcome"],
         )
-        for (kind, outcome), n in sorted(dict(sup.operation_counts).items()):
-            ops.add_metric([kind, outcome], float(n))
+        counts = dict(sup.operation_counts)
+        # Every series exists from the start (at 0), so increase() sees the first one.
+        for kind in OPERATION_KINDS:
+            for outcome in OUTCOMES:
+                ops.add_metric([kind, outcome], float(counts.get((kind, outcome), 0)))
         yield ops
         if sup.last_apply_success_time is not None:
             yield GaugeMetricFamily(

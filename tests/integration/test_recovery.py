@@ -114,3 +114,22 @@ def test_sigkill_after_new_levers_are_ready_keeps_them(daemon_factory: type[Daem
     s = consistent(d)
     assert s["server"]["pid"] == pid
     assert s["levers"]["mem_fraction_static"] == 0.8
+
+
+def test_keep_server_mode_survives_a_daemon_restart(daemon_factory: type[Daemon]) -> None:
+    # The KillMode=process drop-in: the daemon's SIGTERM leaves the server for the next one.
+    d = daemon_factory()
+    d.env["SGLANG_SUPERVISOR_KEEP_SERVER"] = "1"
+    d.start()
+    pid = d.status()["server"]["pid"]
+    assert d.stop() == 0
+    assert any(p.pid == pid for p in tagged_processes(d.instance))
+    d.start()
+    s = consistent(d)
+    assert s["server"]["pid"] == pid and s["restarts"] == 0
+    # Without the mode, a stop takes the server down with the daemon.
+    assert d.stop() == 0
+    d.env.clear()
+    d.start()
+    assert d.stop() == 0
+    assert tagged_processes(d.instance) == []
