@@ -36,7 +36,7 @@ def create_app(
             yield
         finally:
             if manage_lifecycle:
-                await supervisor.shutdown()
+                await supervisor.shutdown(keep_server=keep_server)
 
     app = FastAPI(
         title="sglang-supervisor",

@@ -201,14 +201,14 @@ async def events(
 
     async def stream() -> AsyncIterator[str]:
         yield ": sglang-supervisor events\n\n"
-        source = sup.events.subscribe(replay=replay).__aiter__()
-        while not await request.is_disconnected():
-            try:
-                event = await asyncio.wait_for(source.__anext__(), timeout=15)
-            except TimeoutError:
-                yield ": keep-alive\n\n"
-                continue
-            yield f"event: {event['kind']}\ndata: {json.dumps(event)}\n\n"
+        with sup.events.subscription(replay=replay) as queue:
+            while not await request.is_disconnected():
+                try:
+                    event = await asyncio.wait_for(queue.get(), timeout=15)
+                except TimeoutError:
+                    yield ": keep-alive\n\n"
+                    continue
+                yield f"event: {event['kind']}\ndata: {json.dumps(event)}\n\n"
 
     return StreamingResponse(
         stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}

@@ -930,7 +930,9 @@ class Supervisor:
         to tear down, and ``op.rollback_reason`` / ``op.log_tail`` say why."""
         ph = op.phase(phase)
         tag = f"{self.tag_prefix}{uuid.uuid4().hex[:12]}"
-        stamp = time.strftime("%Y%m%d-%H%M%S")
+        # Microseconds in the name keep launches in order even within one second.
+        now = time.time()
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
         log_path = self.store.logs_dir / f"server-{stamp}-{tag.rsplit('.', 1)[-1]}.log"
         self._transition(S.STARTING, f"{op.kind} {op.id}: levers {levers.digest()}")
         self.levers = levers

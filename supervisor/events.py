@@ -11,7 +11,7 @@ import contextlib
 import itertools
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 Event = dict[str, Any]
@@ -38,15 +38,22 @@ class EventBus:
     def recent(self) -> list[Event]:
         return list(self._history)
 
-    async def subscribe(self, replay: bool = False) -> AsyncIterator[Event]:
-        """Yield events as they come (after the recent history when ``replay``)."""
+    @contextlib.contextmanager
+    def subscription(self, replay: bool = False) -> Iterator[asyncio.Queue[Event]]:
+        """A queue receiving every event from now on (after the recent history when
+        ``replay``). Waiting on it with a timeout is safe: nothing is lost by cancelling."""
         q: asyncio.Queue[Event] = asyncio.Queue(self._queue_size)
         if replay:
-            for event in self._history:
+            for event in list(self._history)[-self._queue_size :]:
                 q.put_nowait(event)
         self._subscribers.add(q)
         try:
-            while True:
-                yield await q.get()
+            yield q
         finally:
             self._subscribers.discard(q)
+
+    async def subscribe(self, replay: bool = False) -> AsyncIterator[Event]:
+        """Yield events as they come (after the recent history when ``replay``)."""
+        with self.subscription(replay) as q:
+            while True:
+                yield await q.get()

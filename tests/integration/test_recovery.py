@@ -6,6 +6,9 @@ the server ends on the new or the last-good levers, with exactly one launch's pr
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import psutil
@@ -132,4 +135,36 @@ def test_keep_server_mode_survives_a_daemon_restart(daemon_factory: type[Daemon]
     d.env.clear()
     d.start()
     assert d.stop() == 0
+    assert tagged_processes(d.instance) == []
+
+
+def test_cleanup_command_stops_what_a_kept_server_left(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory()
+    d.env["SGLANG_SUPERVISOR_KEEP_SERVER"] = "1"
+    d.start()
+    assert d.stop() == 0
+    assert tagged_processes(d.instance), "keep mode left nothing running"
+    cmd = [sys.executable, "-m", "api.cli", "cleanup", "--config", str(d.config_path)]
+    env = {k: v for k, v in os.environ.items() if k != "SERVICE_RESULT"}
+    # After a failure systemd's ExecStopPost must keep the server for the next daemon.
+    kept = subprocess.run(
+        [*cmd, "--only-if-stopped"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "SERVICE_RESULT": "exit-code"},
+        check=False,
+    )
+    assert kept.returncode == 0 and "skipped" in kept.stdout
+    assert tagged_processes(d.instance)
+    out = subprocess.run(
+        [*cmd, "--only-if-stopped"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "SERVICE_RESULT": "success"},
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "member processes exited" in out.stdout
     assert tagged_processes(d.instance) == []

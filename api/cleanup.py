@@ -1,0 +1,76 @@
+"""``sglang-supervisor cleanup``: stop every process carrying this instance's launch tag.
+
+Meant for systemd's ``ExecStopPost=`` in the ``KillMode=process`` drop-in, where a
+stopping daemon leaves the server running for the next daemon to adopt. ``ExecStopPost``
+runs on ``systemctl stop``, on ``systemctl restart`` and after a crash alike; with
+``--only-if-stopped`` the cleanup happens only on a real stop: not when the service failed
+(``$SERVICE_RESULT`` other than ``success``: the restarted daemon adopts the server) and
+not when a start or restart job for the unit is queued.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from supervisor.config import load_settings
+
+
+def add_cleanup_parser(sub: Any) -> None:
+    p = sub.add_parser("cleanup", help="stop every process of this instance (ExecStopPost)")
+    p.add_argument("--config", type=Path, help="the daemon's TOML config (instance, timeouts)")
+    p.add_argument(
+        "--only-if-stopped",
+        action="store_true",
+        help="do nothing when systemd is restarting the service or it failed",
+    )
+    p.add_argument("--unit", default="sglang-supervisor.service", help="the systemd unit")
+
+
+def restart_pending(unit: str) -> str | None:
+    """Why the server should be kept (a restart is coming), or None for a real stop."""
+    result = os.environ.get("SERVICE_RESULT")
+    if result is not None and result != "success":
+        return f"the service ended with {result}: the restarted daemon will adopt the server"
+    systemctl = shutil.which("systemctl")
+    if systemctl is None:
+        return None
+    try:
+        out = subprocess.run(
+            [systemctl, "list-jobs", "--no-legend", "--plain"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[1] == unit and fields[2] in ("start", "restart"):
+            return f"a {fields[2]} job for {unit} is queued: the next daemon adopts the server"
+    return None
+
+
+def run_cleanup(args: argparse.Namespace) -> int:
+    """0 when nothing of the instance is left (or the cleanup was skipped), else 1."""
+    try:
+        settings = load_settings(args.config, {})
+    except ValueError as exc:
+        print(f"sglang-supervisor cleanup: {exc}", file=sys.stderr)
+        return 2
+    if args.only_if_stopped:
+        why = restart_pending(args.unit)
+        if why is not None:
+            print(f"cleanup skipped: {why}")
+            return 0
+    from supervisor.runtime import cleanup  # the process machinery, only when needed
+
+    report = cleanup(settings)
+    print(f"cleanup of instance {settings.instance!r}: {report.describe()}")
+    return 0 if report.clean else 1

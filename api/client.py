@@ -1,0 +1,433 @@
+"""A small typed client of the daemon's control API (what the CLI talks through).
+
+Every failure becomes a ``ClientError`` whose ``str()`` is one line saying what happened
+and what the operator can do: the daemon unreachable (``Unreachable``), a lever set
+refused (``Invalid``, 422), another operation running (``Busy``, 409), a token refused
+(``Unauthorized``), anything else the daemon answered (``HttpError``). No httpx exception
+leaves this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8470"
+URL_ENV = "SGLANG_SUPERVISOR_URL"
+TOKEN_ENV = "SGLANG_SUPERVISOR_TOKEN"
+
+Json = dict[str, Any]
+
+
+class ClientError(Exception):
+    """Talking to the daemon failed; the message is one line for the operator."""
+
+
+class Unreachable(ClientError):
+    """No connection to the daemon (refused, timed out, bad address)."""
+
+
+class StreamUnavailable(ClientError):
+    """The daemon offers no event stream (an older daemon, or a proxy in between)."""
+
+
+class HttpError(ClientError):
+    """The daemon answered with an error status; ``detail`` is its JSON ``detail``."""
+
+    def __init__(self, status: int, message: str, detail: Any = None, body: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = detail
+        #: The whole decoded answer (for ``--json``), or the raw text.
+        self.body = body
+
+
+class Invalid(HttpError):
+    """422: the request was refused and nothing was touched; ``problems`` names each lever."""
+
+    @property
+    def problems(self) -> list[tuple[str, str]]:
+        """``(lever, message)`` for every problem the daemon named."""
+        detail = self.detail
+        if isinstance(detail, dict) and isinstance(detail.get("problems"), list):
+            return [
+                (str(p.get("lever", "?")), str(p.get("message", "")))
+                for p in detail["problems"]
+                if isinstance(p, dict)
+            ]
+        if isinstance(detail, list):  # FastAPI's own request validation errors
+            out = []
+            for err in detail:
+                if isinstance(err, dict):
+                    loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+                    out.append((loc or "request", str(err.get("msg", err))))
+            return out
+        return []
+
+
+class Busy(HttpError):
+    """409: another operation is running; ``operation_id`` names it."""
+
+    @property
+    def operation_id(self) -> str | None:
+        if isinstance(self.detail, dict) and self.detail.get("operation"):
+            return str(self.detail["operation"])
+        return None
+
+
+class Unauthorized(HttpError):
+    """401/403: no token, or the wrong one."""
+
+
+class NotFound(HttpError):
+    """404: either the endpoint does not exist on this daemon, or the thing asked for."""
+
+    @property
+    def endpoint_missing(self) -> bool:
+        """True when the route itself is unknown (FastAPI's bare ``Not Found``)."""
+        return bool(self.detail == "Not Found")
+
+
+@dataclass(frozen=True)
+class LogText:
+    """The answer of ``GET /logs``: the lines and the file they came from (when said)."""
+
+    lines: list[str]
+    path: str | None
+
+
+def normalize_url(url: str) -> str:
+    """``host:port`` -> ``http://host:port``; no trailing slash."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    return url.rstrip("/")
+
+
+def resolve_url(url: str | None) -> str:
+    """``--url``, else ``$SGLANG_SUPERVISOR_URL``, else the default address."""
+    return normalize_url(url or os.environ.get(URL_ENV) or DEFAULT_URL)
+
+
+def resolve_token(token: str | None, token_file: Path | None) -> str | None:
+    """``--token``, else the first line of ``--token-file``, else ``$SGLANG_SUPERVISOR_TOKEN``.
+
+    Raises ``ClientError`` when the token file cannot be read.
+    """
+    if token:
+        return token.strip()
+    if token_file is not None:
+        try:
+            text = token_file.read_text()
+        except OSError as exc:
+            raise ClientError(f"cannot read the token file {token_file}: {exc.strerror}") from exc
+        lines = text.strip().splitlines()
+        return lines[0].strip() if lines else None
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def _error_message(detail: Any, fallback: str) -> str:
+    if isinstance(detail, dict) and detail.get("message"):
+        return str(detail["message"])
+    if isinstance(detail, str) and detail:
+        return detail
+    if isinstance(detail, list) and detail:
+        return "; ".join(
+            str(e.get("msg", e)) if isinstance(e, dict) else str(e) for e in detail[:5]
+        )
+    return fallback
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    # "[Errno 111] Connection refused" -> "connection refused"
+    if text.startswith("[Errno") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return text[:1].lower() + text[1:]
+
+
+class Client:
+    """The daemon's HTTP API, one method per call. Use as a context manager."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        connect_timeout_s: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = normalize_url(url)
+        self.timeout_s = timeout_s
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._token = token
+        try:
+            self._http = httpx.Client(
+                base_url=self.url,
+                headers=headers,
+                timeout=self._timeout,
+                trust_env=False,
+                transport=transport,
+            )
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise Unreachable(f"invalid daemon URL {url!r}: {exc}") from exc
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ------------------------------------------------------------ plumbing
+
+    def _transport_error(self, exc: Exception) -> ClientError:
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return Unreachable(
+                f"cannot reach the daemon at {self.url} ({_reason(exc)}); is it running? "
+                "(start it with `sglang-supervisor serve`, or pass --url)"
+            )
+        if isinstance(exc, httpx.TimeoutException):
+            return ClientError(f"the daemon at {self.url} did not answer in time ({_reason(exc)})")
+        if isinstance(exc, httpx.UnsupportedProtocol):
+            return Unreachable(f"invalid daemon URL {self.url!r}: use http://HOST:PORT")
+        return Unreachable(f"talking to the daemon at {self.url} failed: {_reason(exc)}")
+
+    def _raise_for_status(self, r: httpx.Response) -> None:
+        if r.status_code < 400:
+            return
+        try:
+            body: Any = r.json()
+        except ValueError:
+            body = r.text
+        detail = body.get("detail") if isinstance(body, dict) else body
+        where = f"{r.request.method} {r.request.url.path}"
+        message = _error_message(detail, f"{where} answered {r.status_code} {r.reason_phrase}")
+        cls: type[HttpError] = HttpError
+        if r.status_code == 422:
+            cls = Invalid
+        elif r.status_code == 409:
+            cls = Busy
+        elif r.status_code in (401, 403):
+            cls = Unauthorized
+            hint = (
+                "the daemon refused the token"
+                if self._token
+                else "the daemon wants a token: pass --token or --token-file, "
+                "or set $SGLANG_SUPERVISOR_TOKEN"
+            )
+            message = f"{hint} ({r.status_code}: {message})"
+        elif r.status_code == 404:
+            cls = NotFound
+            if detail == "Not Found":
+                message = f"this daemon has no {r.request.url.path} (an older version?)"
+        elif r.status_code >= 500:
+            message = f"{where}: the daemon failed ({r.status_code}): {message}"
+        raise cls(r.status_code, message, detail, body)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int | float | bool] | None = None,
+        json_body: Any = None,
+        timeout_s: float | None = None,
+    ) -> httpx.Response:
+        timeout = self._timeout if timeout_s is None else httpx.Timeout(timeout_s, connect=5.0)
+        try:
+            r = self._http.request(method, path, params=params, json=json_body, timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc) from exc
+        self._raise_for_status(r)
+        return r
+
+    def _json(self, method: str, path: str, **kw: Any) -> Json:
+        r = self._request(method, path, **kw)
+        try:
+            data = r.json()
+        except ValueError as exc:
+            raise ClientError(f"{method} {path}: the daemon's answer is not JSON") from exc
+        if not isinstance(data, dict):
+            raise ClientError(f"{method} {path}: expected a JSON object, got {type(data).__name__}")
+        return data
+
+    # ------------------------------------------------------------ the API
+
+    def healthz(self) -> Json:
+        return self._json("GET", "/healthz")
+
+    def status(self) -> Json:
+        """``GET /status``: state, server, levers, GPUs, running operation, throughput."""
+        return self._json("GET", "/status")
+
+    def levers(self) -> Json:
+        """``GET /levers``: ``levers``, ``env``, ``last_good``."""
+        return self._json("GET", "/levers")
+
+    def schema(self, word: str | None = None) -> Json:
+        """``GET /levers/schema[?q=WORD]``: the installed SGLang's flags."""
+        return self._json("GET", "/levers/schema", params={"q": word} if word else None)
+
+    def operation(self, op_id: str) -> Json:
+        """``GET /operations/{id}``."""
+        return self._json("GET", f"/operations/{op_id}")
+
+    def apply(
+        self,
+        levers: Mapping[str, Any],
+        env: Mapping[str, Any],
+        *,
+        replace: bool = False,
+        dry_run: bool = False,
+        drain_timeout_s: float = 0.0,
+        wait: bool = False,
+    ) -> Json:
+        """``POST /levers``; returns the operation (finished already for a dry run).
+
+        Raises ``Invalid`` (422, nothing touched) or ``Busy`` (409).
+        """
+        body = {
+            "levers": dict(levers),
+            "env": dict(env),
+            "replace": replace,
+            "dry_run": dry_run,
+            "drain_timeout_s": drain_timeout_s,
+        }
+        data = self._json(
+            "POST",
+            "/levers",
+            params={"wait": "true" if wait else "false"},
+            json_body=body,
+            timeout_s=None if not wait else 3600.0,
+        )
+        return dict(data["operation"])
+
+    def control(self, kind: str, *, wait: bool = False) -> Json:
+        """``POST /stop``, ``/start`` or ``/restart``; returns the operation. Raises ``Busy``."""
+        if kind not in ("stop", "start", "restart"):
+            raise ValueError(kind)
+        data = self._json(
+            "POST",
+            f"/{kind}",
+            params={"wait": "true" if wait else "false"},
+            timeout_s=None if not wait else 3600.0,
+        )
+        return dict(data["operation"])
+
+    def logs(self, tail: int = 100, launch: int = 0) -> LogText:
+        """``GET /logs?tail=N&launch=K``: the server's last lines (0 = the newest launch).
+
+        Raises ``NotFound`` when this launch has no log, or the daemon has no ``/logs``
+        (``endpoint_missing``).
+        """
+        r = self._request("GET", "/logs", params={"tail": tail, "launch": launch})
+        text = r.text
+        return LogText(text.splitlines(), r.headers.get("x-log-path"))
+
+    def events(self, *, replay: bool = False, read_timeout_s: float | None = 60.0) -> EventStream:
+        """Open ``GET /events`` (server-sent events). Raises ``StreamUnavailable``."""
+        stream = EventStream(self, replay=replay, read_timeout_s=read_timeout_s)
+        stream.open()
+        return stream
+
+
+class EventStream:
+    """An open ``GET /events`` stream; iterate for event dicts, ``close()`` to end it.
+
+    The daemon sends ``data: <json>`` blocks ended by a blank line (plus ``event:``
+    lines and ``:`` comments, which are skipped). Iteration ends when the daemon closes
+    the stream; a broken connection raises ``ClientError``.
+    """
+
+    def __init__(self, client: Client, *, replay: bool, read_timeout_s: float | None) -> None:
+        self._client = client
+        self._replay = replay
+        self._timeout = httpx.Timeout(10.0, read=read_timeout_s)
+        self._response: httpx.Response | None = None
+
+    def open(self) -> None:
+        c = self._client
+        params = {"replay": "true"} if self._replay else None
+        try:
+            request = c._http.build_request("GET", "/events", params=params, timeout=self._timeout)
+            request.headers["Accept"] = "text/event-stream"
+            response = c._http.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise c._transport_error(exc) from exc
+        kind = response.headers.get("content-type", "")
+        if response.status_code != 200 or not kind.startswith("text/event-stream"):
+            try:
+                response.read()
+                c._raise_for_status(response)
+            except httpx.HTTPError:
+                pass
+            except NotFound as exc:
+                raise StreamUnavailable(str(exc)) from exc
+            finally:
+                response.close()
+            raise StreamUnavailable(
+                f"GET /events answered {response.status_code} {kind or 'without a content type'}"
+            )
+        self._response = response
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the stream (also from another thread: the blocked reader then stops)."""
+        response, self._response = self._response, None
+        if response is not None:
+            with contextlib.suppress(httpx.HTTPError, OSError, RuntimeError):
+                response.close()
+
+    def __iter__(self) -> Iterator[Json]:
+        response = self._response
+        if response is None:
+            return
+        data: list[str] = []
+        try:
+            for line in response.iter_lines():
+                if not line:
+                    if data:
+                        event = _decode_event("\n".join(data))
+                        data = []
+                        if event is not None:
+                            yield event
+                    continue
+                if line.startswith(":"):
+                    continue
+                field, _, value = line.partition(":")
+                if field == "data":
+                    data.append(value[1:] if value.startswith(" ") else value)
+        except httpx.HTTPError as exc:
+            if self._response is None:  # closed on purpose
+                return
+            raise ClientError(f"the event stream from {self._client.url} broke: {exc}") from exc
+        except (AttributeError, RuntimeError, OSError) as exc:
+            # A close() from another thread can surface as almost anything in the reader.
+            if self._response is None:
+                return
+            raise ClientError(f"the event stream from {self._client.url} broke: {exc}") from exc
+
+
+def _decode_event(text: str) -> Json | None:
+    try:
+        event = json.loads(text)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
