@@ -718,24 +718,23 @@ class Supervisor:
         ):
             op.finish(FAILED, self.state_reason)
             return
-        if await self._refuse_if_foreign(op):
-            return
-        if await self._launch_until_ready(op, self.levers, probation=False):
-            await self._commit(op, self.levers)
-        else:
-            await self._stop_and_release(op, "start failed", S.STOPPED, prefix="cleanup_")
-            op.finish(FAILED, op.rollback_reason)
+        await self._start_current(op)
 
     async def _restart_op(self, op: Operation) -> None:
         if not await self._stop_and_release(op, f"operator restart ({op.id})", S.STOPPED):
             op.finish(FAILED, self.state_reason)
             return
+        await self._start_current(op)
+
+    async def _start_current(self, op: Operation) -> None:
+        """From stopped: the current levers, unless a foreign process holds a GPU. A start
+        that fails is cleaned up and the operation fails (an operator asked for it)."""
         if await self._refuse_if_foreign(op):
             return
         if await self._launch_until_ready(op, self.levers, probation=False):
             await self._commit(op, self.levers)
         else:
-            await self._stop_and_release(op, "restart failed", S.STOPPED, prefix="cleanup_")
+            await self._stop_and_release(op, f"{op.kind} failed", S.STOPPED, prefix="cleanup_")
             op.finish(FAILED, op.rollback_reason)
 
     async def _apply(self, op: Operation, new: LeverSet, drain_s: float) -> None:
