@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import routes
+from api import plan, routes
 from api.auth import GuardMiddleware
 from supervisor.core import Supervisor
 from supervisor.metrics import SupervisorMetrics
@@ -46,6 +46,7 @@ def create_app(
     app.state.supervisor = supervisor
     app.state.metrics = SupervisorMetrics(supervisor)
     app.include_router(routes.router)
+    app.include_router(plan.router)
     app.add_middleware(
         GuardMiddleware,
         token=token,

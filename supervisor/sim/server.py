@@ -14,6 +14,14 @@ Environment:
 * ``SGLANG_SIM_GPU_MEMORY_MIB`` (143771), ``SGLANG_SIM_OOM_FRACTION`` (0.95: a larger
   ``--mem-fraction-static`` fails like a CUDA OOM), ``SGLANG_SIM_STARTUP_S`` (1.5: the
   simulated model load), ``SGLANG_SIM_FAULTS`` (see ``supervisor.sim.faults``).
+* ``SGLANG_SIM_LOAD`` — a synthetic workload bounded by the KV pool (see
+  ``supervisor.sim.load``).
+* ``SGLANG_SIM_MODEL_CONFIG`` — a config.json for the served model when ``--model-path``
+  is not a local model directory (see ``supervisor.sim.capacity``).
+
+The KV pool (``max_total_num_tokens``) is sized by ``supervisor.planner`` — the same math
+as ``POST /plan`` — including SGLang's own default ``mem_fraction_static`` when the flag
+is unset.
 
 Signals: SIGTERM or SIGINT stop taking requests, wait for in-flight ones (bounded), send
 SIGTERM to the children, SIGKILL whatever is left after ``CHILD_GRACE_S``, reap, exit 0.
@@ -24,13 +32,11 @@ from __future__ import annotations
 
 import argparse
 import enum
-import hashlib
 import io
 import json
 import math
 import os
 import queue
-import re
 import signal
 import socket
 import socketserver
@@ -39,7 +45,6 @@ import sys
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -47,16 +52,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
 from types import FrameType
-from typing import Any, NamedTuple
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from supervisor import planner
+from supervisor.planner import ModelSpec
 from supervisor.schema import BUNDLED_VERSION, FlagSchema, FlagSpec, load_bundled
 from supervisor.sim import capacity
 from supervisor.sim.faults import FAULTS_ENV, Faults, crash_report, oom_report, parse_faults
 from supervisor.sim.gpus import DEFAULT_MEMORY_MIB, sim_gpu_uuid
+from supervisor.sim.load import LOAD_ENV, Engine, LoadSpec, parse_load
 
 #: Seconds between time-driven checks of the main loop (children alive, faults, logging).
 TICK_S = 0.1
@@ -69,12 +77,8 @@ DRAIN_TIMEOUT_S = 60.0
 REGISTER_TIMEOUT_S = 30.0
 #: Interval of the "Decode batch" log line while requests run.
 DECODE_LOG_S = 1.0
-#: Simulated speeds: decode tokens/s of one request, prefill tokens/s.
-DECODE_TOKENS_PER_S = 100.0
-PREFILL_TOKENS_PER_S = 20000.0
 #: A real /health_generate runs a one-token generation: a few milliseconds.
 HEALTH_GENERATE_S = 0.005
-DEFAULT_MEM_FRACTION = 0.88
 DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_CONTEXT_LENGTH = 131072
 MAX_BODY_BYTES = 16 * 2**20
@@ -149,18 +153,7 @@ def build_parser(schema: FlagSchema | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_count(text: object) -> int | None:
-    """SGLang's human-readable integers: ``4096``, ``128k`` (×1000), ``1Mi`` (×2^20)."""
-    if text is None:
-        return None
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kMGT]i?)?\s*", str(text))
-    if m is None:
-        return None
-    number, suffix = float(m.group(1)), m.group(2) or ""
-    powers = {"k": 1, "M": 2, "G": 3, "T": 4}
-    if suffix.endswith("i"):
-        return int(number * 1024 ** powers[suffix[0]])
-    return int(number * 1000 ** powers[suffix] if suffix else number)
+parse_count = planner.parse_count
 
 
 @dataclass(frozen=True)
@@ -176,7 +169,8 @@ class ServerConfig:
     tp_size: int
     dp_size: int
     pp_size: int
-    mem_fraction_static: float
+    #: None: SGLang picks it (``planner.sglang_default_fraction``).
+    mem_fraction_static: float | None
     kv_cache_dtype: str
     max_running_requests: int | None
     max_total_tokens: int | None
@@ -206,13 +200,14 @@ class ServerConfig:
             tp_size=max(1, int(a.get("tp_size") or 1)),
             dp_size=max(1, int(a.get("dp_size") or 1)),
             pp_size=max(1, int(a.get("pp_size") or 1)),
-            mem_fraction_static=DEFAULT_MEM_FRACTION if fraction is None else float(fraction),
+            mem_fraction_static=None if fraction is None else float(fraction),
             kv_cache_dtype=str(a.get("kv_cache_dtype") or "auto"),
             max_running_requests=a.get("max_running_requests"),
             max_total_tokens=parse_count(a.get("max_total_tokens")),
             base_gpu_id=int(a.get("base_gpu_id") or 0),
             gpu_id_step=max(1, int(a.get("gpu_id_step") or 1)),
             cuda_graph=not a.get("disable_cuda_graph")
+            and not a.get("disable_decode_cuda_graph")
             and a.get("cuda_graph_backend_decode") != "disabled",
             enable_hierarchical_cache=bool(a.get("enable_hierarchical_cache")),
             hicache_size_gb=int(a.get("hicache_size") or 0),
@@ -231,6 +226,7 @@ class SimEnv:
     oom_fraction: float
     startup_s: float
     faults: Faults
+    load: LoadSpec | None = None
 
     @property
     def memory_bytes(self) -> int:
@@ -258,6 +254,7 @@ class SimEnv:
             oom_fraction=_number(env, "SGLANG_SIM_OOM_FRACTION", 0.95, 0.0),
             startup_s=_number(env, "SGLANG_SIM_STARTUP_S", 1.5, 0.0),
             faults=parse_faults(env.get(FAULTS_ENV, "")),
+            load=parse_load(env.get(LOAD_ENV, "")),
         )
 
 
@@ -272,125 +269,6 @@ def _number(env: Mapping[str, str], name: str, default: float, minimum: float) -
     if not math.isfinite(value) or value < minimum:
         raise ValueError(f"{name}={text!r} is not a number >= {minimum:g}")
     return value
-
-
-# --- the simulated engine --------------------------------------------------------------
-
-
-class EngineStats(NamedTuple):
-    running: int
-    queued: int
-    tokens: int
-    token_usage: float
-    gen_throughput: float
-    cache_hit_rate: float
-    generation_tokens_total: int
-    prompt_tokens_total: int
-
-
-class GenResult(NamedTuple):
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    latency_s: float
-
-
-class Engine:
-    """Admission, queueing, a prefix cache and token accounting for ``/generate``.
-
-    A request runs when fewer than ``max_running`` do, else it queues (FIFO by wake-up).
-    Its "decode" is a sleep in the request's own HTTP thread, proportional to its tokens.
-    """
-
-    def __init__(self, max_total_num_tokens: int, max_running: int, cache_tokens: int) -> None:
-        self.max_total_num_tokens = max_total_num_tokens
-        self.max_running = max(1, max_running)
-        self._cache_capacity = cache_tokens
-        self._cond = threading.Condition()
-        self._accepting = True
-        self._running = 0
-        self._queued = 0
-        self._tokens = 0
-        self._gen_total = 0
-        self._prompt_total = 0
-        self._cached_total = 0
-        self._cache: OrderedDict[str, int] = OrderedDict()
-        self._cache_used = 0
-
-    def close(self) -> None:
-        """Refuse new requests; those admitted or queued still finish."""
-        with self._cond:
-            self._accepting = False
-
-    def inflight(self) -> int:
-        with self._cond:
-            return self._running + self._queued
-
-    def wait_idle(self, timeout_s: float) -> bool:
-        """Block until no request is running or queued; False if ``timeout_s`` passed."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self._running + self._queued > 0:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-        return True
-
-    def generate(self, prompt: str, prompt_tokens: int, max_new_tokens: int) -> GenResult | None:
-        """Run one request to completion; None when the engine no longer accepts any."""
-        start = time.monotonic()
-        need = prompt_tokens + max_new_tokens
-        with self._cond:
-            if not self._accepting:
-                return None
-            self._queued += 1
-            while self._running >= self.max_running:
-                self._cond.wait(1.0)  # re-checked: a slot frees when any request ends
-            self._queued -= 1
-            self._running += 1
-            self._tokens += need
-            cached = self._lookup(prompt, prompt_tokens)
-        try:
-            prefill = (prompt_tokens - cached) / PREFILL_TOKENS_PER_S
-            time.sleep(prefill + max_new_tokens / DECODE_TOKENS_PER_S)
-        finally:
-            with self._cond:
-                self._running -= 1
-                self._tokens -= need
-                self._gen_total += max_new_tokens
-                self._prompt_total += prompt_tokens
-                self._cached_total += cached
-                self._cond.notify_all()
-        return GenResult(prompt_tokens, max_new_tokens, cached, time.monotonic() - start)
-
-    def _lookup(self, prompt: str, prompt_tokens: int) -> int:
-        """Cached prompt tokens (a whole-prompt hit), then remember the prompt (LRU)."""
-        key = hashlib.blake2b(prompt.encode(), digest_size=16).hexdigest()
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return prompt_tokens
-        self._cache[key] = prompt_tokens
-        self._cache_used += prompt_tokens
-        while self._cache_used > self._cache_capacity and self._cache:
-            _, size = self._cache.popitem(last=False)
-            self._cache_used -= size
-        return 0
-
-    def stats(self) -> EngineStats:
-        with self._cond:
-            usage = self._tokens / self.max_total_num_tokens if self.max_total_num_tokens else 0.0
-            hit = self._cached_total / self._prompt_total if self._prompt_total else 0.0
-            return EngineStats(
-                running=self._running,
-                queued=self._queued,
-                tokens=self._tokens,
-                token_usage=min(1.0, usage),
-                gen_throughput=self._running * DECODE_TOKENS_PER_S,
-                cache_hit_rate=hit,
-                generation_tokens_total=self._gen_total,
-                prompt_tokens_total=self._prompt_total,
-            )
 
 
 class _SglangMetrics(Collector):
@@ -565,10 +443,11 @@ class Child:
 class Launcher:
     """The launcher process: HTTP, ranks, the simulated load, shutdown."""
 
-    def __init__(self, cfg: ServerConfig, env: SimEnv) -> None:
+    def __init__(self, cfg: ServerConfig, env: SimEnv, model: ModelSpec | None = None) -> None:
         self.cfg = cfg
         self.env = env
         self.faults = env.faults
+        self.model = model or capacity.SIM_MODEL
         self.phase = Phase.LOADING
         self.healthy = True
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -578,34 +457,40 @@ class Launcher:
         self._ready_at: float | None = None
         self._last_decode_log = 0.0
 
-        model = capacity.SIM_MODEL
-        self.cell_bytes = capacity.cell_bytes(model, cfg.tp_size, cfg.kv_cache_dtype, cfg.pp_size)
-        self.weight_bytes = capacity.weight_bytes_per_rank(model, cfg.tp_size, cfg.pp_size)
-        self.rank_bytes = int(cfg.mem_fraction_static * env.memory_bytes)
-        tokens = capacity.kv_tokens(
-            env.memory_bytes, cfg.mem_fraction_static, self.weight_bytes, self.cell_bytes
+        # The planner's math, on the parsed flags: plan and simulation agree exactly.
+        total, shape = env.memory_bytes, self.model.shape
+        self.mem_fraction = planner.effective_fraction(total, cfg.args, shape.is_mla)
+        self.cell_bytes = capacity.cell_bytes(
+            self.model, cfg.tp_size, cfg.kv_cache_dtype, cfg.pp_size
         )
-        if cfg.max_total_tokens is not None:
-            tokens = min(tokens, cfg.max_total_tokens)
+        self.weight_bytes = capacity.weight_bytes_per_rank(self.model, cfg.tp_size, cfg.pp_size)
+        self.rank_bytes = int(self.mem_fraction * total)
+        tokens = planner.pool_tokens(self.model, cfg.args, total)
         self.max_total_num_tokens = tokens
+        self.host_pool_tokens = 0
+        if cfg.enable_hierarchical_cache:
+            self.host_pool_tokens = planner.host_pool_tokens(
+                cfg.hicache_size_gb, cfg.hicache_ratio, tokens, self.cell_bytes
+            )
         # SGLang derives the default from the pool size; any monotone rule will do here.
         max_running = cfg.max_running_requests or min(1024, max(1, tokens // 512))
-        self.engine = Engine(tokens, max_running, self._cache_tokens(tokens))
+        graph_bs = planner.decode_max_bs(total, cfg.args) if cfg.cuda_graph else None
+        self.engine = Engine(
+            tokens,
+            max_running,
+            host_cache_tokens=self.host_pool_tokens,
+            decode_graph_max_bs=graph_bs,
+            load=env.load,
+        )
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_SglangMetrics(self.engine, cfg.served_model_name))
-
-    def _cache_tokens(self, device_tokens: int) -> int:
-        if not self.cfg.enable_hierarchical_cache:
-            return device_tokens
-        if self.cfg.hicache_size_gb > 0:
-            return device_tokens + int(self.cfg.hicache_size_gb * 1e9 // self.cell_bytes)
-        return device_tokens + int(device_tokens * (self.cfg.hicache_ratio or 2.0))
 
     # -- what the HTTP handlers read --
 
     def server_info(self) -> dict[str, Any]:
         info = dict(self.cfg.args)
         info.update(
+            mem_fraction_static=self.mem_fraction,
             max_total_num_tokens=self.max_total_num_tokens,
             max_running_requests=self.engine.max_running,
             version=BUNDLED_VERSION,
@@ -718,7 +603,7 @@ class Launcher:
         self._check_start_faults()
         avail = (self.env.memory_bytes - self.weight_bytes) / 2**30
         log(
-            f"Load weight end. type={capacity.SIM_MODEL.architecture}, dtype=torch.bfloat16, "
+            f"Load weight end. type={self.model.architecture}, dtype=torch.bfloat16, "
             f"avail mem={avail:.2f} GB, mem usage={self.weight_bytes / 2**30:.2f} GB.",
             "TP0",
         )
@@ -733,10 +618,9 @@ class Launcher:
             "TP0",
         )
         if self.cfg.enable_hierarchical_cache:
-            host_tokens = self._cache_tokens(self.max_total_num_tokens) - self.max_total_num_tokens
             log(
-                f"Allocating {host_tokens * self.cell_bytes / 1e9:.2f} GB host memory for "
-                "hierarchical KV cache.",
+                f"Allocating kv hierarchical KV host pool: {self.host_pool_tokens} tokens, "
+                f"{self.host_pool_tokens * self.cell_bytes / 1e9:.2f} GB host memory.",
                 "TP0",
             )
         log(
@@ -748,6 +632,8 @@ class Launcher:
         port = self._http.server_port if self._http is not None else self.cfg.port
         log(f"INFO:     Uvicorn running on http://{self.cfg.host}:{port} (Press CTRL+C to quit)")
         log("The server is fired up and ready to roll!")
+        if self.env.load is not None:
+            log(f"Synthetic load ({LOAD_ENV}): {self.env.load.describe()}")
         self._set_phase(Phase.READY, "warm-up generation done")
         self._ready_at = time.monotonic()
         self._wait(None)
@@ -815,11 +701,9 @@ class Launcher:
         return False
 
     def _check_start_faults(self) -> None:
-        if self.cfg.mem_fraction_static > self.env.oom_fraction:
+        if self.mem_fraction > self.env.oom_fraction:
             raise ServerFailure(
-                oom_report(
-                    self.env.memory_bytes, self.cfg.mem_fraction_static, self.env.oom_fraction
-                ),
+                oom_report(self.env.memory_bytes, self.mem_fraction, self.env.oom_fraction),
                 "TP0",
             )
         if self.faults.crash_on_start:
@@ -889,6 +773,7 @@ class Launcher:
                 f"(simulated fault unhealthy_after={self.faults.unhealthy_after:g}: "
                 "/health_generate now answers 503)"
             )
+        self.engine.tick(now)
         self._log_decode()
 
     def _log_decode(self) -> None:
@@ -901,7 +786,7 @@ class Launcher:
             self._last_decode_log = now
             log(
                 f"Decode batch, #running-req: {s.running}, #token: {s.tokens}, "
-                f"token usage: {s.token_usage:.2f}, cuda graph: {self.cfg.cuda_graph}, "
+                f"token usage: {s.token_usage:.2f}, cuda graph: {s.cuda_graph}, "
                 f"gen throughput (token/s): {s.gen_throughput:.2f}, #queue-req: {s.queued}",
                 "TP0",
             )
@@ -914,7 +799,9 @@ class Launcher:
         """Drain (bounded), stop HTTP, stop the children with escalation; exit status 0."""
         # ready/loading -> draining
         self._set_phase(Phase.DRAINING, "stop signal")
-        self.engine.close()
+        aborted = self.engine.close()
+        if aborted:
+            log(f"Aborted {aborted} synthetic requests (the load's clients disconnect)")
         inflight = self.engine.inflight()
         if inflight:
             log(f"Gracefully exiting... remaining number of requests {inflight}")
@@ -985,10 +872,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.reconfigure(line_buffering=True)  # the ranks share this log
     try:
         env = SimEnv.from_environ(os.environ)
-    except ValueError as exc:
+        model = capacity.resolve_model(str(ns.model_path), os.environ)
+    except ValueError as exc:  # PlanError is one
         log(f"ERROR: {exc}")
         return 1
-    return Launcher(ServerConfig.from_namespace(ns), env).run()
+    return Launcher(ServerConfig.from_namespace(ns), env, model).run()
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from supervisor import planner
 from supervisor.schema import load_bundled
 from supervisor.sim import capacity
 from supervisor.sim.gpus import SimGpuProbe, sim_gpu_uuid
@@ -225,6 +226,11 @@ def expected_rank_mib(fraction: float) -> int:
     return int(fraction * TOTAL_BYTES) // MIB
 
 
+def default_rank_mib(tp: int) -> int:
+    """What a rank holds without --mem-fraction-static: SGLang's own default fraction."""
+    return expected_rank_mib(planner.sglang_default_fraction(TOTAL_BYTES, {"tp_size": tp}, False))
+
+
 # --- flags, in process -------------------------------------------------------------------
 
 
@@ -409,7 +415,7 @@ def test_hang_on_start_never_ready_then_sigterm(sims: Sims) -> None:
     wait_until(lambda: "hang_on_start" in sim.log_text(), 15, "the hang")
     assert sim.status("/health_generate") == 503
     assert sim.status("/health") == 503
-    assert sims.used_mib()[:2] == [expected_rank_mib(0.88)] * 2  # the default fraction
+    assert sims.used_mib()[:2] == [default_rank_mib(tp=2)] * 2
     os.kill(sim.pid, signal.SIGINT)  # Ctrl-C stops it like SIGTERM
     assert sim.exited(15) == 0
     assert sims.used_mib() == [0] * 8
@@ -470,7 +476,7 @@ def test_crash_after_orphans_ranks_holding_memory(sims: Sims) -> None:
     assert "crash_after" in sim.log_text()
     # The hard case: nobody killed the ranks; they still hold their GPUs.
     assert sorted(sims.members()) == sorted(ranks)
-    assert sims.used_mib()[:2] == [expected_rank_mib(0.88)] * 2
+    assert sims.used_mib()[:2] == [default_rank_mib(tp=2)] * 2
     for pid in sims.members():  # found by the launch tag alone, as the supervisor does
         os.kill(pid, signal.SIGKILL)
     wait_until(lambda: sims.used_mib() == [0] * 8, 10, "orphans' memory released")
@@ -482,7 +488,7 @@ def test_launcher_sigkilled_alone_leaves_ranks_holding_memory(sims: Sims) -> Non
     os.kill(sim.pid, signal.SIGKILL)
     assert sim.exited(10) == -signal.SIGKILL
     assert len(sims.members()) == 3
-    assert sims.used_mib()[:2] == [expected_rank_mib(0.88)] * 2
+    assert sims.used_mib()[:2] == [default_rank_mib(tp=2)] * 2
     os.killpg(sim.pid, signal.SIGKILL)  # the group outlives its leader
     wait_until(lambda: sims.used_mib() == [0] * 8, 10, "memory released")
 

@@ -1,0 +1,225 @@
+"""``POST /plan``: the planner's proposal for the running Supervisor's server.
+
+Every input defaults to what the daemon knows: the model from the current levers'
+``model_path`` (a local directory, or the Hugging Face cache; on the simulated backend the
+simulated server's model), the managed GPUs and their memory, the host's available RAM
+(the simulated host's in simulate mode) and the live server's load. The answer is
+``supervisor.planner.Plan.to_json()``; its ``levers`` can be sent as is to
+``POST /levers``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.routes import SupervisorDep
+from supervisor import planner, preflight
+from supervisor.core import Supervisor
+from supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
+from supervisor.sim import capacity
+from supervisor.sim.load import LOAD_ENV, parse_load
+from supervisor.states import ServerState
+
+GiB = 1 << 30
+
+router = APIRouter()
+
+
+class PlanRequest(BaseModel):
+    """``POST /plan``: every field optional; unset ones come from the running daemon."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: A local model directory *on the daemon's host* (config.json, safetensors).
+    model: str | None = None
+    #: An inline config.json (instead of ``model``).
+    config_json: dict[str, Any] | None = None
+    #: With ``config_json``: the weights' total bytes, when known (else estimated).
+    weight_bytes: int | None = Field(None, gt=0)
+    #: With ``config_json``: how ``weight_bytes`` was found, and the model's name.
+    weight_source: str | None = None
+    name: str | None = None
+    gpus: int | None = Field(None, ge=1, le=4096)
+    gpu_memory_gib: float | None = Field(None, gt=0, le=100_000)
+    host_ram_gib: float | None = Field(None, gt=0, le=1_000_000)
+    avg_tokens: int | None = Field(None, ge=1, le=100_000_000)
+    target_concurrency: int | None = Field(None, ge=1, le=10_000_000)
+
+
+def _refused(message: str) -> HTTPException:
+    return HTTPException(status_code=422, detail={"message": message})
+
+
+def hf_cached_model_dir(repo_id: str) -> Path | None:
+    """The newest snapshot of ``repo_id`` in the Hugging Face cache that has a config.json."""
+    if repo_id.count("/") != 1:
+        return None
+    home = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub"
+    )
+    snapshots = Path(home) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    try:
+        found = [d for d in snapshots.iterdir() if (d / "config.json").is_file()]
+    except OSError:
+        return None
+    return max(found, key=lambda d: d.stat().st_mtime) if found else None
+
+
+def resolve_model(
+    body: PlanRequest, *, model_path: str, simulated: bool, env: dict[str, str]
+) -> ModelSpec:
+    """The model to plan for (blocking: reads the model directory). ``model_path`` and
+    ``env`` are the current levers' (``env`` merged onto the daemon's and the backend's).
+    ``PlanError`` says why none could be found."""
+    if body.model is not None and body.config_json is not None:
+        raise PlanError("give either model (a directory) or config_json, not both")
+    if body.config_json is not None:
+        return planner.model_from_config(
+            body.config_json,
+            name=body.name or str(body.config_json.get("_name_or_path") or "inline config"),
+            source="the config.json in the request",
+            weight_bytes=body.weight_bytes,
+            weight_source=body.weight_source or ("given" if body.weight_bytes else None),
+        )
+    if body.model is not None:
+        return planner.load_model_dir(Path(body.model).expanduser())
+    if simulated:
+        # What the simulated server itself resolves, from the environment it is given.
+        return capacity.resolve_model(model_path, env)
+    local = Path(model_path).expanduser()
+    if model_path and (local / "config.json").is_file():
+        return planner.load_model_dir(local)
+    cached = hf_cached_model_dir(model_path) if model_path else None
+    if cached is not None:
+        return planner.load_model_dir(cached)
+    raise PlanError(
+        f"the current model_path {model_path!r} is neither a local directory with a "
+        "config.json nor in this host's Hugging Face cache; pass model (a local model "
+        "directory) or config_json"
+    )
+
+
+def _hardware(body: PlanRequest, sup: Supervisor) -> Hardware:
+    """The GPUs and host RAM to plan for: the request's, else what the daemon manages."""
+    managed = sup.managed
+    simulated = sup.backend.name == "simulated"
+    what = f"{len(managed)} simulated GPUs" if simulated else f"{len(managed)} managed GPUs"
+    if body.gpu_memory_gib is not None:
+        gpu_bytes = int(body.gpu_memory_gib * GiB)
+    elif managed:
+        gpu_bytes = min(g.memory_total_bytes for g in managed)
+    else:
+        raise PlanError("the daemon knows no GPUs yet: pass gpus and gpu_memory_gib")
+    gpus = body.gpus or len(managed)
+    sources = {"given" if body.gpus else what, "given" if body.gpu_memory_gib else what}
+    gpu_source = " and ".join(sorted(sources))
+    if body.host_ram_gib is not None:
+        ram, ram_source = int(body.host_ram_gib * GiB), "given"
+    else:
+        facts = preflight.host_facts(sup.backend.simulated_host_ram_bytes)
+        ram, ram_source = facts.available_ram_bytes, f"{facts.ram_source} RAM available"
+        server = sup.server
+        if not simulated and server is not None:
+            # As preflight counts it: the running server's host pool is freed by the apply.
+            freed = preflight.pinned_host_bytes(server.levers.levers, gpu_bytes)
+            if freed:
+                ram += freed
+                ram_source += f" + {freed / GiB:.0f} GiB the running server's host cache frees"
+    return Hardware(
+        gpus=gpus,
+        gpu_memory_bytes=gpu_bytes,
+        host_ram_available_bytes=ram,
+        gpu_source=gpu_source,
+        host_ram_source=ram_source,
+    )
+
+
+def _live(sup: Supervisor) -> LiveLoad | None:
+    t = sup.throughput
+    if sup.state != ServerState.READY or t.source is None:
+        return None
+    return LiveLoad(
+        running_requests=t.running_requests,
+        queued_requests=t.queued_requests,
+        token_usage=t.token_usage,
+        gen_tokens_per_s=t.gen_tokens_per_s,
+        cache_hit_rate=t.cache_hit_rate,
+        max_total_num_tokens=None if sup.server is None else sup.server.max_total_num_tokens,
+    )
+
+
+def _avg_tokens(body: PlanRequest, sup: Supervisor, live: LiveLoad | None) -> tuple[int, str]:
+    if body.avg_tokens is not None:
+        return body.avg_tokens, "given"
+    measured = live.avg_tokens() if live is not None else None
+    if measured is not None:
+        return measured, "live: token usage × max_total_num_tokens / running requests"
+    text = sup.levers.env.get(LOAD_ENV) or sup.backend.env.get(LOAD_ENV)
+    if text:
+        try:
+            load = parse_load(text)
+        except ValueError:
+            load = None
+        if load is not None:
+            return load.avg_tokens, f"the simulated load ({LOAD_ENV})"
+    return planner.DEFAULT_AVG_TOKENS, "assumed (no live load; pass avg_tokens)"
+
+
+async def make_plan(body: PlanRequest, sup: Supervisor) -> dict[str, Any]:
+    """The proposal as JSON. ``PlanError`` when it cannot be made.
+
+    The daemon's state is read on the event loop; reading the model directory runs in a
+    worker thread.
+    """
+    model = await asyncio.to_thread(
+        resolve_model,
+        body,
+        model_path=str(sup.levers.levers.get("model_path") or ""),
+        simulated=sup.backend.name == "simulated",
+        env={**os.environ, **sup.backend.env, **sup.levers.env},
+    )
+    hardware = _hardware(body, sup)
+    live = _live(sup)
+    avg, avg_source = _avg_tokens(body, sup, live)
+    plan: Plan = planner.propose(
+        model,
+        hardware,
+        dict(sup.levers.levers),
+        avg_tokens=avg,
+        avg_tokens_source=avg_source,
+        target_concurrency=body.target_concurrency,
+        live=live,
+    )
+    out = plan.to_json()
+    unknown = [k for k in plan.levers if k not in sup.schema.flags]
+    if unknown:
+        # A different SGLang than the bundled 0.5.23 may lack a lever: leave it out.
+        out["levers"] = {k: v for k, v in plan.levers.items() if k not in unknown}
+        out["notes"].append(
+            f"SGLang {sup.schema.sglang_version} has no {', '.join(unknown)}; left out of "
+            "the proposal"
+        )
+    out["apply"] = {
+        "method": "POST",
+        "path": "/levers?wait=true",
+        "body": {"levers": out["levers"]},
+    }
+    return out
+
+
+@router.post("/plan")
+async def post_plan(sup: SupervisorDep, body: PlanRequest | None = None) -> dict[str, Any]:
+    """The planner's proposal: current vs proposed capacity and the levers to apply.
+
+    422 when the model cannot be found or read, or the inputs cannot be planned for.
+    """
+    try:
+        return await make_plan(body or PlanRequest(), sup)
+    except PlanError as exc:
+        raise _refused(str(exc)) from exc

@@ -1,0 +1,82 @@
+"""``sglang-supervisor plan`` offline, and its exit statuses when it cannot plan."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+from api.cli_plan import add_plan_parser, run_plan
+from tests.helpers import free_port
+
+LLAMA_31_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "torch_dtype": "bfloat16",
+}
+
+
+def plan(*argv: str) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser()
+    add_plan_parser(parser.add_subparsers(dest="command"))
+    out, err = io.StringIO(), io.StringIO()
+    code = run_plan(parser.parse_args(["plan", *argv]), out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA_31_8B))
+    return path
+
+
+def test_offline_table(tmp_path: Path) -> None:
+    cfg = config_file(tmp_path)
+    code, out, err = plan(
+        "--config-json", str(cfg), "--gpus", "1", "--gpu-memory", "80", "--host-ram", "256"
+    )
+    assert code == 0, err
+    assert "bytes per token per rank     131,072  65,536" in out
+    assert "kv_cache_dtype = fp8_e4m3 (now auto, SGLang's default)" in out
+    assert "does not raise the number of requests decoding at once" in out
+    assert "Weights are estimated from config.json" in out
+
+
+def test_offline_json_with_a_model_directory(tmp_path: Path) -> None:
+    config_file(tmp_path)
+    with open(tmp_path / "model.safetensors", "wb") as f:
+        f.truncate(16_060_522_496)  # sparse
+    code, out, _ = plan(
+        "--model", str(tmp_path), "--gpus", "8", "--gpu-memory", "140.4", "--avg-tokens", "2000",
+        "--host-ram", "1024", "--json",
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(out)
+    assert data["model"]["weight_bytes"] == 16_060_522_496
+    assert data["current"]["cell_bytes"] == 16_384  # TP 8: one KV head per rank
+    assert data["current_levers"] == {"tp_size": 8}
+
+
+def test_offline_needs_the_hardware(tmp_path: Path) -> None:
+    code, _, err = plan("--config-json", str(config_file(tmp_path)))
+    assert code == 2
+    assert "offline planning needs --gpus and --gpu-memory" in err
+
+
+def test_bad_inputs_exit_2(tmp_path: Path) -> None:
+    code, _, err = plan("--config-json", str(tmp_path / "missing.json"), "--gpus", "1")
+    assert code == 2 and "does not exist" in err
+    code, _, err = plan("--config-json", str(config_file(tmp_path)), "--gpus", "0")
+    assert code == 2 and "--gpus must be positive" in err
+
+
+def test_unreachable_daemon_exits_1() -> None:
+    code, _, err = plan("--url", f"127.0.0.1:{free_port()}")
+    assert code == 1
+    assert "cannot reach the daemon" in err and "--url" in err
