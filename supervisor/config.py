@@ -70,6 +70,10 @@ class TimeoutSettings(_Section):
     release_tolerance_mib: int = Field(512, ge=0)
     #: Consecutive clean samples needed before a GPU counts as released.
     release_samples: int = Field(3, ge=1)
+    #: Time between release samples (an NVML sample of a GPU takes ~20 us).
+    release_interval_s: float = Field(0.01, gt=0, le=5)
+    #: Time between /health_generate probes while a server starts.
+    readiness_poll_s: float = Field(0.05, gt=0, le=10)
     #: How long a start may take to answer /health_generate (model loads take minutes).
     ready_timeout_s: float = Field(1800.0, gt=0)
     #: After an apply's start is ready, a crash within this window still rolls back.

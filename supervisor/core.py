@@ -878,7 +878,7 @@ class Supervisor:
             timeout_s=self._release_timeout(levers),
             tolerance_bytes=t.release_tolerance_mib * 2**20,
             consecutive=t.release_samples,
-            interval_s=0.05,
+            interval_s=t.release_interval_s,
             on_sample=on_sample,
         )
         self.server = None
@@ -983,7 +983,9 @@ class Supervisor:
             probe = await self.health.generate_ok(self.url, min(5.0, max(0.5, remaining)))
             if probe.ok:
                 break
-            await asyncio.sleep(self.poll_s)
+            # Probing often keeps the lag between "ready" and noticing it short; a probe of
+            # a server still loading is a refused connection or a quick 503.
+            await asyncio.sleep(min(self.poll_s, t.readiness_poll_s))
         info: dict[str, Any] = {}
         with contextlib.suppress(Exception):
             info = await self.health.server_info(self.url, 5.0)

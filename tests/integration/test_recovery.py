@@ -77,7 +77,7 @@ def test_sigkill_during_stop(daemon_factory: type[Daemon]) -> None:
 
 def test_sigkill_during_release(daemon_factory: type[Daemon]) -> None:
     # 60 clean samples 50 ms apart: release takes ≥ 3 s, long enough to be killed in.
-    d = daemon_factory(timeouts={"release_samples": 60}).start()
+    d = daemon_factory(timeouts={"release_samples": 60, "release_interval_s": 0.05}).start()
     d.apply({"mem_fraction_static": 0.8}, wait=False)
     wait_until(lambda: d.status()["state"] == "releasing", 20, 0.01, "releasing")
     kill_daemon(d)
