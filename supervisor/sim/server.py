@@ -340,6 +340,9 @@ class _HttpServer(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
+    # Headers and body go out in separate writes: with Nagle's algorithm on, a kept-alive
+    # client's delayed ACK would hold every answer back ~40 ms.
+    disable_nagle_algorithm = True
     protocol_version = "HTTP/1.1"
     server: _HttpServer
 
@@ -581,7 +584,7 @@ class Launcher:
             )
             return 1
         threading.Thread(
-            target=self._http.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+            target=self._http.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
         ).start()
         args_text = ", ".join(f"{k}={v!r}" for k, v in self.cfg.args.items())
         log(f"server_args=ServerArgs({args_text})")
