@@ -590,7 +590,9 @@ class Supervisor:
             )
         detail += f"; SGLang's parser and checks: {verdict.duration_s:.2f} s"
         if verdict.message:
-            detail += f" ({verdict.message})"
+            # Some checks read values only SGLang's start-up resolves (from the model or
+            # the GPU): the ones before that ran; say where they stopped.
+            detail += f" (cross-field checks stopped early, {verdict.message})"
         return checked, detail
 
     async def preflight(self, levers: LeverSet) -> list[LeverProblem]:
