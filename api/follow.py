@@ -139,6 +139,8 @@ class ServerLogTail:
             if path != self._path:
                 self._path, self._seen = path, []
             for line in new_lines(self._seen, text.lines):
+                if is_probe_noise(line):
+                    continue
                 self.emit(render.log_line(line, self.width))
                 self.shown += 1
             self._seen = list(text.lines)
@@ -152,6 +154,14 @@ class ServerLogTail:
                 self.stale.add(self._path)
         self.active = False
         self.want = None
+
+
+_PROBES = ('"GET /health_generate ', '"GET /health ', '"GET /get_server_info ', '"GET /metrics ')
+
+
+def is_probe_noise(line: str) -> bool:
+    """An access-log line of the supervisor's own readiness/telemetry probes: not shown."""
+    return any(p in line for p in _PROBES)
 
 
 class OperationFollower:

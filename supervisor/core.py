@@ -987,9 +987,10 @@ class Supervisor:
             probe = await self.health.generate_ok(self.url, min(5.0, max(0.5, remaining)))
             if probe.ok:
                 break
-            # Probing often keeps the lag between "ready" and noticing it short; a probe of
-            # a server still loading is a refused connection or a quick 503.
-            await asyncio.sleep(min(self.poll_s, t.readiness_poll_s))
+            # Probing often keeps the lag between "ready" and noticing it short; after the
+            # first 10 s (a real model load takes minutes) a tenth of the rate is enough.
+            interval = t.readiness_poll_s if self.clock() - t0 < 10 else t.readiness_poll_s * 10
+            await asyncio.sleep(min(interval, self.poll_s * 5))
         info: dict[str, Any] = {}
         with contextlib.suppress(Exception):
             info = await self.health.server_info(self.url, 5.0)

@@ -427,3 +427,10 @@ def test_client_sends_the_bearer_token_and_reads_server_sent_events() -> None:
     assert seen == [f"Bearer {TOKEN}"] * 2
     with Client("http://127.0.0.1:9", transport=transport) as c, pytest.raises(Unauthorized):
         c.status()
+
+
+def test_probe_lines_are_not_shown_as_the_servers_log() -> None:
+    from api.follow import is_probe_noise
+
+    assert is_probe_noise('[t] INFO:     127.0.0.1:1 - "GET /health_generate HTTP/1.1" 503 X')
+    assert not is_probe_noise("[t TP0] torch.OutOfMemoryError: CUDA out of memory.")
