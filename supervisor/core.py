@@ -14,15 +14,16 @@ import os
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from supervisor import preflight, serverlogs
+from supervisor.backend import Backend, ProcessOps, ServerHandle
 from supervisor.config import Settings
 from supervisor.events import EventBus
-from supervisor.gpu import GpuInfo, GpuProbe, GpuQueryError, GpuSample, wait_released
+from supervisor.gpu import GpuInfo, GpuQueryError, GpuSample, wait_released
 from supervisor.health import HealthChecker
 from supervisor.levers import (
     LeverError,
@@ -57,66 +58,6 @@ class Busy(RuntimeError):
             f"operation {op.id} ({op.kind}) is running; wait for it (GET /operations/{op.id})"
         )
         self.operation = op
-
-
-class ServerHandle(Protocol):
-    """A launched (or adopted) server launcher; ``supervisor.process.Launch`` is one."""
-
-    pid: int
-    create_time: float
-    tag: str
-    log_path: Path
-    returncode: int | None
-
-    def poll(self) -> bool: ...
-
-    def describe_exit(self) -> str: ...
-
-
-class ProcessOps(Protocol):
-    """The OS side: real processes in production, a fake in unit tests."""
-
-    def spawn(
-        self, argv: Sequence[str], env: Mapping[str, str], *, tag: str, log_path: Path
-    ) -> ServerHandle: ...
-
-    def teardown(
-        self,
-        handle: ServerHandle | None,
-        *,
-        tag: str | None,
-        tag_prefix: str | None,
-        grace_s: float,
-        kill_timeout_s: float,
-        exclude_tag: str | None = None,
-    ) -> TeardownReport: ...
-
-    def members(
-        self,
-        handle: ServerHandle | None,
-        *,
-        tag: str | None,
-        tag_prefix: str | None,
-        exclude_tag: str | None = None,
-    ) -> set[int]: ...
-
-    def adopt(self, pid: int, create_time: float, tag: str, log_path: Path) -> ServerHandle | None:
-        """A handle on a launcher an earlier daemon started, if that very process runs."""
-        ...
-
-
-@dataclass
-class Backend:
-    """How servers are started here: real SGLang, or the simulated one."""
-
-    name: str  # "sglang" or "simulated"
-    #: The command before the flags: ``[python, "-m", "sglang.launch_server"]``.
-    command: list[str]
-    probe: GpuProbe
-    #: Extra environment for every launch (the simulated backend's knobs).
-    env: dict[str, str] = field(default_factory=dict)
-    #: The simulated host's RAM; None reads the real host's.
-    simulated_host_ram_bytes: int | None = None
 
 
 @dataclass

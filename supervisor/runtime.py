@@ -7,8 +7,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from supervisor import process
+from supervisor.backend import Backend, ServerHandle
 from supervisor.config import Settings
-from supervisor.core import Backend, ServerHandle, Supervisor
+from supervisor.core import Supervisor
 from supervisor.health import HttpHealthChecker
 from supervisor.schema import load_bundled
 from supervisor.sglang_parser import load_schema

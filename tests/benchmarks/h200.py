@@ -416,8 +416,9 @@ class Bench:
         self.save()
 
     async def _swap(self) -> dict[str, Any]:
+        from supervisor.backend import Backend
         from supervisor.config import ServerSettings, Settings, TimeoutSettings
-        from supervisor.core import Backend, Supervisor
+        from supervisor.core import Supervisor
         from supervisor.health import HttpHealthChecker
         from supervisor.runtime import OsProcessOps
         from supervisor.schema import load_bundled

@@ -1,0 +1,76 @@
+"""The server-side interfaces the Supervisor is driven through.
+
+``ProcessOps`` and ``ServerHandle`` are the OS side (real processes in production:
+``supervisor.runtime.OsProcessOps``; fakes in unit tests); ``Backend`` says how servers
+are started here (real SGLang or the simulated server) and which GPU probe watches them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from supervisor.gpu import GpuProbe
+from supervisor.process import TeardownReport
+
+
+class ServerHandle(Protocol):
+    """A launched (or adopted) server launcher; ``supervisor.process.Launch`` is one."""
+
+    pid: int
+    create_time: float
+    tag: str
+    log_path: Path
+    returncode: int | None
+
+    def poll(self) -> bool: ...
+
+    def describe_exit(self) -> str: ...
+
+
+class ProcessOps(Protocol):
+    """The OS side: real processes in production, a fake in unit tests."""
+
+    def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str], *, tag: str, log_path: Path
+    ) -> ServerHandle: ...
+
+    def teardown(
+        self,
+        handle: ServerHandle | None,
+        *,
+        tag: str | None,
+        tag_prefix: str | None,
+        grace_s: float,
+        kill_timeout_s: float,
+        exclude_tag: str | None = None,
+    ) -> TeardownReport: ...
+
+    def members(
+        self,
+        handle: ServerHandle | None,
+        *,
+        tag: str | None,
+        tag_prefix: str | None,
+        exclude_tag: str | None = None,
+    ) -> set[int]: ...
+
+    def adopt(self, pid: int, create_time: float, tag: str, log_path: Path) -> ServerHandle | None:
+        """A handle on a launcher an earlier daemon started, if that very process runs."""
+        ...
+
+
+@dataclass
+class Backend:
+    """How servers are started here: real SGLang, or the simulated one."""
+
+    name: str  # "sglang" or "simulated"
+    #: The command before the flags: ``[python, "-m", "sglang.launch_server"]``.
+    command: list[str]
+    probe: GpuProbe
+    #: Extra environment for every launch (the simulated backend's knobs).
+    env: dict[str, str] = field(default_factory=dict)
+    #: The simulated host's RAM; None reads the real host's.
+    simulated_host_ram_bytes: int | None = None
