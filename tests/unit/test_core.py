@@ -994,10 +994,9 @@ def test_a_restarted_daemon_starts_the_last_good_levers(tmp_path: Path) -> None:
     run(after)
 
 
-def test_a_daemon_killed_mid_apply_restarts_with_last_good_after_clearing_leftovers(
-    tmp_path: Path,
-) -> None:
-    """The old daemon died while its new levers were loading: their launch is a leftover."""
+def killed_mid_apply(tmp_path: Path) -> tuple[FakeProcessOps, Rig]:
+    """A daemon that applied mem_fraction_static 0.9 and died (no shutdown) while the new
+    server was still loading; returns the shared fake host and that daemon's rig."""
     procs = FakeProcessOps(FakeProbe())
     first = make_rig(tmp_path, procs=procs)
 
@@ -1009,6 +1008,14 @@ def test_a_daemon_killed_mid_apply_restarts_with_last_good_after_clearing_leftov
         # The loop ends here without shutdown(): the daemon was SIGKILLed.
 
     run(before)
+    return procs, first
+
+
+def test_a_daemon_killed_mid_apply_restarts_with_last_good_after_clearing_leftovers(
+    tmp_path: Path,
+) -> None:
+    """The old daemon died while its new levers were loading: their launch is a leftover."""
+    procs, first = killed_mid_apply(tmp_path)
     leftover = procs.handles[1]
     assert procs.alive_pids() == {leftover.pid, *leftover.rank_pids}
     second = make_rig(tmp_path, procs=procs, settings=first.settings)
@@ -1084,17 +1091,7 @@ def test_a_restarted_daemon_does_not_adopt_a_dead_server(tmp_path: Path) -> None
 def test_a_restarted_daemon_adopts_an_interrupted_apply_that_became_ready(
     tmp_path: Path,
 ) -> None:
-    procs = FakeProcessOps(FakeProbe())
-    first = make_rig(tmp_path, procs=procs)
-
-    async def before() -> None:
-        await first.start_ready()
-        procs.plan(Behaviour(hold_ready=True))
-        await first.sup.submit_apply({"mem_fraction_static": 0.9}, {})
-        await until(lambda: launched(first, 2), what="the new launch to be recorded")
-        # The daemon dies here, mid-apply.
-
-    run(before)
+    procs, first = killed_mid_apply(tmp_path)
     procs.handles[1].held = False  # meanwhile the new server finished loading
     second = make_rig(tmp_path, procs=procs, settings=first.settings)
 
