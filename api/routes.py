@@ -95,7 +95,7 @@ async def post_levers(
     request: Request, body: ApplyRequest, sup: SupervisorDep, wait: WaitQuery = False
 ) -> Any:
     """Validate, preflight, then stop -> release -> start -> commit, or roll back."""
-    requested = sup.levers.merged(body.levers, body.env, replace=body.replace)
+    requested = sup.requested_levers(body.levers, body.env, replace=body.replace)
     diff = sup.levers.diff(requested)
     try:
         op = await sup.submit_apply(

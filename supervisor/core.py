@@ -23,7 +23,7 @@ from supervisor import preflight, serverlogs
 from supervisor.backend import Backend, ProcessOps, ServerHandle
 from supervisor.config import Settings
 from supervisor.events import EventBus
-from supervisor.gpu import GpuInfo, GpuQueryError, GpuSample, wait_released
+from supervisor.gpu import GpuInfo, GpuQueryError, GpuSample, resolve_gpus, wait_released
 from supervisor.health import HealthChecker
 from supervisor.levers import (
     LeverError,
@@ -136,8 +136,8 @@ class Supervisor:
         self._persisted = PersistedState()
         self._op_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        #: Set by shutdown(): no new operation starts, a second shutdown() returns at once.
         self._closing = False
-        self._shut_down = False
         self._liveness_failures = 0
         self._members_cache: tuple[float, set[int]] | None = None
 
@@ -182,8 +182,7 @@ class Supervisor:
             if loaded.warning:
                 log.warning("%s", loaded.warning)
                 self.warnings.append(loaded.warning)
-        names = self.settings.server.gpus or [str(d.index) for d in self.probe.devices()]
-        self.managed = await asyncio.to_thread(self._resolve, names)
+        self.managed = await asyncio.to_thread(self._resolve, self.settings.server.gpus)
         initial = self._persisted.last_good or self._persisted.levers
         if initial is None:
             configured = LeverSet(self.settings.server.levers, self.settings.server.env)
@@ -208,9 +207,8 @@ class Supervisor:
         self._run(op, self._initial_start(op))
 
     def _resolve(self, names: list[str]) -> list[GpuInfo]:
-        from supervisor.gpu import resolve_gpus
-
-        return resolve_gpus(self.probe, names)
+        """The managed GPUs: those named (index or UUID), or every GPU the probe sees."""
+        return resolve_gpus(self.probe, names or [str(d.index) for d in self.probe.devices()])
 
     async def _initial_start(self, op: Operation) -> None:
         """Adopt the recorded server if it is healthy; else clear leftovers and launch."""
@@ -244,20 +242,26 @@ class Supervisor:
 
     async def _refuse_if_foreign(self, op: Operation) -> bool:
         """Fail ``op`` (True) when a process that is not ours holds a managed GPU."""
-        foreign = await self._foreign_processes()
-        if foreign is None:
-            return False
-        why = (
-            f"not starting: {foreign}; stop it or take that GPU out of server.gpus, then "
-            "POST /start (a process that is not ours is never killed automatically)"
-        )
+        try:
+            foreign = await self._foreign_processes()
+        except GpuQueryError as exc:
+            why = f"not starting: the managed GPUs cannot be queried: {exc}"
+        else:
+            if foreign is None:
+                return False
+            why = (
+                f"not starting: {foreign}; stop it or take that GPU out of server.gpus, then "
+                "POST /start (a process that is not ours is never killed automatically)"
+            )
         log.error("%s", why)
         op.phase("foreign_processes").end(FAILED, why)
         op.finish(FAILED, why)
         return True
 
     async def _foreign_processes(self) -> str | None:
-        """A description of processes that are not ours on the managed GPUs, or None."""
+        """A description of processes that are not ours on the managed GPUs, or None.
+
+        Raises ``GpuQueryError``: a failed query never reads as "no foreign process"."""
         if not self.probe.pids_are_local():
             return None
         samples = await asyncio.to_thread(self.probe.sample, self._indices())
@@ -391,10 +395,16 @@ class Supervisor:
         recorded, for the next daemon to adopt: a daemon upgrade costs no model reload.
         Idempotent: a second call returns at once.
         """
-        if self._shut_down:
+        if self._closing:
             return
-        self._shut_down = True
         self._closing = True
+        try:
+            await self._shutdown(keep_server)
+        finally:
+            await self.health.aclose()
+            self.probe.close()
+
+    async def _shutdown(self, keep_server: bool) -> None:
         for task in self._tasks:
             task.cancel()
         if self._op_task is not None and not self._op_task.done():
@@ -409,20 +419,14 @@ class Supervisor:
                 "leaving the server running for the next daemon to adopt (%s)",
                 f"pid {self.server.handle.pid}" if self.server is not None else "none running",
             )
-            with contextlib.suppress(StoreError):
-                await asyncio.to_thread(self._save)
-            await self.health.aclose()
-            self.probe.close()
-            return
-        op = Operation(kind="shutdown")
-        self.operations[op.id] = op
-        released = await self._stop_and_release(op, "daemon shutdown", S.STOPPED)
-        op.finish(SUCCEEDED if released else FAILED, None if released else self.state_reason)
-        self._persisted.server = None
+        else:
+            op = Operation(kind="shutdown")
+            self.operations[op.id] = op
+            released = await self._stop_and_release(op, "daemon shutdown", S.STOPPED)
+            op.finish(SUCCEEDED if released else FAILED, None if released else self.state_reason)
+            self._persisted.server = None
         with contextlib.suppress(StoreError):
             await asyncio.to_thread(self._save)
-        await self.health.aclose()
-        self.probe.close()
 
     # -------------------------------------------------------------- operations
 
@@ -571,6 +575,12 @@ class Supervisor:
             port_is_ours=running,
         )
 
+    def requested_levers(
+        self, levers: Mapping[str, Any], env: Mapping[str, Any], *, replace: bool = False
+    ) -> LeverSet:
+        """The set a request asks for: its names made canonical, merged onto the current."""
+        return self.levers.merged(canonical_names(levers, self.schema), env, replace=replace)
+
     async def submit_apply(
         self,
         levers: Mapping[str, Any],
@@ -593,7 +603,7 @@ class Supervisor:
         )
         if not dry_run and current is not None and not current.finished and not waiting_restart:
             raise Busy(current)
-        requested = self.levers.merged(canonical_names(levers, self.schema), env, replace=replace)
+        requested = self.requested_levers(levers, env, replace=replace)
         t0 = time.monotonic()
         checked, validate_detail = await self.validate(requested)
         t_validate = time.monotonic() - t0
@@ -1052,6 +1062,7 @@ class Supervisor:
             await asyncio.sleep(interval_s)
             server = self.server
             if server is None:
+                self.throughput = Throughput()  # no server, no load: never show a stale one
                 continue
             await asyncio.to_thread(
                 serverlogs.bound_size,
