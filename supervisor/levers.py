@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor.schema import FlagSchema, FlagSpec
+from supervisor.schema import FlagSchema, FlagSpec, normalize_name
 
 Scalar = str | int | float | bool
 Value = Scalar | list[Scalar]
@@ -104,21 +104,14 @@ class LeverSet:
         return out
 
 
-def normalize_name(name: str) -> str:
-    """``--mem-fraction-static`` / ``mem-fraction-static`` -> ``mem_fraction_static``."""
-    return name.strip().lstrip("-").replace("-", "_")
-
-
 def canonical_names(levers: Mapping[str, Any], schema: FlagSchema) -> dict[str, Any]:
     """Request keys as dest names (``tensor_parallel_size`` -> ``tp_size``), so a merge
     onto the current levers replaces (or, with None, removes) the right one. Unknown names
     are kept as given: validation reports them."""
-    aliases = {normalize_name(o): spec.dest for o, spec in schema.by_option().items()}
     out: dict[str, Any] = {}
     for raw, value in levers.items():
-        name = normalize_name(raw)
-        dest = name if name in schema.flags else aliases.get(name)
-        key = dest or raw
+        spec = schema.find(raw)
+        key = spec.dest if spec is not None else raw
         if key in out and key != raw:
             key = raw  # two spellings of one flag: keep both, validation refuses it
         out[key] = value
@@ -246,7 +239,6 @@ def check_levers(levers: LeverSet, schema: FlagSchema) -> LeverSet:
     flags, bad types and choices, env names outside the allowlist).
     """
     problems: list[LeverProblem] = []
-    aliases = {normalize_name(o): spec for o, spec in schema.by_option().items()}
     canon: dict[str, Value] = {}
     spelled: dict[str, str] = {}  # dest -> the name the request used for it
     for raw_name, value in levers.levers.items():
@@ -256,7 +248,7 @@ def check_levers(levers: LeverSet, schema: FlagSchema) -> LeverSet:
                 LeverProblem(raw_name, f"cannot be set by a lever: {OWNED_FLAGS[name]}")
             )
             continue
-        spec = schema.flags.get(name) or aliases.get(name)
+        spec = schema.find(name)
         if spec is None:
             problems.append(LeverProblem(raw_name, _suggest(name, schema)))
             continue

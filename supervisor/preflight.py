@@ -33,12 +33,11 @@ def _int(levers: Mapping[str, Any], name: str, default: int = 1) -> int:
 
 
 def gpus_needed(levers: Mapping[str, Any]) -> int:
-    """GPUs one server uses: tp × pp × dp (data-parallel replicas each take tp × pp GPUs)."""
-    return _int(levers, "tp_size") * _int(levers, "pp_size") * _int(levers, "dp_size")
-
-
-def ranks(levers: Mapping[str, Any]) -> int:
-    return gpus_needed(levers)
+    """GPUs one server uses (= its ranks): tp × pp × dp, data-parallel replicas each taking
+    tp × pp GPUs — except with ``enable_dp_attention``, where the DP ranks run inside the
+    TP group and add no GPU (SGLang's ``compute_world_size``)."""
+    dp = 1 if levers.get("enable_dp_attention") else _int(levers, "dp_size")
+    return _int(levers, "tp_size") * _int(levers, "pp_size") * dp
 
 
 def host_pool_bytes_per_rank(levers: Mapping[str, Any], gpu_total_bytes: int) -> int:
@@ -59,7 +58,7 @@ def host_pool_bytes_per_rank(levers: Mapping[str, Any], gpu_total_bytes: int) ->
 
 
 def pinned_host_bytes(levers: Mapping[str, Any], gpu_total_bytes: int) -> int:
-    return ranks(levers) * host_pool_bytes_per_rank(levers, gpu_total_bytes)
+    return gpus_needed(levers) * host_pool_bytes_per_rank(levers, gpu_total_bytes)
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,7 @@ def check(
     gpu_total = min((g.memory_total_bytes for g in managed), default=0)
     per_rank = host_pool_bytes_per_rank(lv, gpu_total)
     if per_rank:
-        total = per_rank * ranks(lv)
+        total = pinned_host_bytes(lv, gpu_total)
         available = host.available_ram_bytes + freed_on_stop_bytes
         budget = available - SGLANG_HOST_RAM_MARGIN
         if total > budget:
@@ -158,7 +157,7 @@ def check(
                 LeverProblem(
                     lever,
                     f"the hierarchical cache needs {per_rank / GB:.1f} GB per rank × "
-                    f"{ranks(lv)} ranks = {total / GB:.1f} GB of pinned host RAM, but only "
+                    f"{gpus_needed(lv)} ranks = {total / GB:.1f} GB of pinned host RAM, but only "
                     f"{available / GB:.1f} GB is available ({host.ram_source}, counting what the "
                     f"running server frees) minus SGLang's {SGLANG_HOST_RAM_MARGIN / GiB:.0f} GiB "
                     f"margin = {max(0, budget) / GB:.1f} GB; lower {lever}",

@@ -196,7 +196,7 @@ def find_members(
     tag_prefix: str | None = None,
     exclude_tag: str | None = None,
 ) -> dict[int, float]:
-    """Every member process, as ``{pid: create_time}``; zombies excluded.
+    """Every member process that has not exited, as ``{pid: create_time}``.
 
     ``tag`` matches one launch exactly; ``tag_prefix`` every launch of this instance
     (leftovers of an earlier daemon), except the launch tagged ``exclude_tag`` (a server
@@ -210,8 +210,9 @@ def find_members(
         if p.pid in never:
             return
         with contextlib.suppress(psutil.Error):
-            if p.status() != psutil.STATUS_ZOMBIE:
-                members[p.pid] = p.create_time()
+            ct = p.create_time()
+            if _alive(p.pid, ct):  # one definition of "exited", zombies with live threads too
+                members[p.pid] = ct
 
     leader = launch.pid if launch is not None and not launch.poll() else None
     if leader is not None:
@@ -220,6 +221,11 @@ def find_members(
             add(lp)
             for child in lp.children(recursive=True):
                 add(child)
+    grouped: list[int] = []
+    # The launcher's pid names its group and session. While the launcher lives, or while a
+    # tagged member still sits in that group, the kernel cannot hand the number to anyone
+    # else; once both are gone it may belong to a stranger's new session: then only tags.
+    group_is_ours = leader is not None
     for pid in psutil.pids():
         if pid in members or pid in never:
             continue
@@ -232,7 +238,14 @@ def find_members(
         found = _environ_tag(pid)
         if exclude_tag is not None and found == exclude_tag:
             continue
-        if in_group or _tag_matches(found, tag, tag_prefix):
+        if _tag_matches(found, tag, tag_prefix):
+            group_is_ours = group_is_ours or in_group
+            with contextlib.suppress(psutil.Error):
+                add(psutil.Process(pid))
+        elif in_group:
+            grouped.append(pid)  # no tag (a cleared environment): ours only if the group is
+    if group_is_ours:
+        for pid in grouped:
             with contextlib.suppress(psutil.Error):
                 add(psutil.Process(pid))
     return members
@@ -375,16 +388,20 @@ def teardown(
     left = remaining(force_scan=True)
     if left:
         report.kill_after_s = clock() - start
-        report.sigkill_sent = sorted(left)
         if launch is not None and not launch.poll():
             _killpg(launch.pid, signal.SIGKILL)
-        _signal(sorted(left), signal.SIGKILL, left)
+        killed: set[int] = set()
         deadline = clock() + kill_timeout_s
-        while left and clock() < deadline:
+        while left:
+            # Every member found, also one the last re-scan turned up, gets its SIGKILL.
+            new = {p: ct for p, ct in left.items() if p not in killed}
+            _signal(sorted(new), signal.SIGKILL, new)
+            killed |= set(new)
+            if clock() >= deadline:
+                break
             sleep(poll_s)
-            left = remaining()
-        if not left:
-            left = remaining(force_scan=True)
+            left = remaining() or remaining(force_scan=True)
+        report.sigkill_sent = sorted(killed)
     report.members = sorted(members)
     if not left:
         report.exit_s = clock() - start

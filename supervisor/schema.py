@@ -7,12 +7,18 @@ what first-line validation checks names, types and choices against.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 BUNDLED_VERSION = "0.5.23"
+
+
+def normalize_name(name: str) -> str:
+    """``--mem-fraction-static`` / ``mem-fraction-static`` -> ``mem_fraction_static``."""
+    return name.strip().lstrip("-").replace("-", "_")
 
 
 @dataclass(frozen=True)
@@ -89,13 +95,27 @@ class FlagSchema:
             "flags": [f.to_json() for f in self.flags.values()],
         }
 
-    def by_option(self) -> dict[str, FlagSpec]:
-        """Every option string (``--tp``, ``--tp-size``) -> its spec."""
+    @functools.cached_property
+    def _options(self) -> dict[str, FlagSpec]:
         out: dict[str, FlagSpec] = {}
         for spec in self.flags.values():
             for opt in spec.option_strings:
                 out.setdefault(opt, spec)
         return out
+
+    @functools.cached_property
+    def _names(self) -> dict[str, FlagSpec]:
+        named = {normalize_name(opt): spec for opt, spec in self._options.items()}
+        return {**named, **self.flags}  # a dest wins over an alias spelled the same
+
+    def by_option(self) -> dict[str, FlagSpec]:
+        """Every option string (``--tp``, ``--tp-size``) -> its spec."""
+        return self._options
+
+    def find(self, name: str) -> FlagSpec | None:
+        """The flag a lever name means: its dest or an exact option alias, in either
+        spelling (``tensor-parallel-size`` -> tp_size). Never a prefix."""
+        return self._names.get(normalize_name(name))
 
     def search(self, word: str | None) -> list[FlagSpec]:
         """Flags whose dest, option or help mentions ``word`` (all flags when None)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import subprocess
@@ -19,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor.schema import BUNDLED_VERSION, FlagSchema, load_bundled
+from supervisor.store import StoreError, atomic_write
+
+log = logging.getLogger(__name__)
 
 PROBE = Path(__file__).with_name("schema_probe.py")
 _VERSION_SNIPPET = (
@@ -47,6 +51,11 @@ def _run(python: str, args: list[str], stdin: str | None, timeout_s: float) -> s
         raise ParserUnavailable(
             f"server.python {python!r} does not exist; point it at the interpreter of the "
             "environment where SGLang is installed"
+        ) from exc
+    except OSError as exc:  # not executable, a directory...
+        raise ParserUnavailable(
+            f"server.python {python!r} cannot be run ({exc.strerror}); point it at the "
+            "interpreter of the environment where SGLang is installed"
         ) from exc
     except subprocess.TimeoutExpired as exc:
         raise ParserUnavailable(f"{python} did not answer within {timeout_s:.0f}s") from exc
@@ -85,9 +94,7 @@ def load_schema(python: str, cache_dir: Path) -> LoadedSchema:
     try:
         version = sglang_version(python)
     except ParserUnavailable as exc:
-        return LoadedSchema(
-            load_bundled(), False, f"{exc}; using the bundled schema of SGLang {BUNDLED_VERSION}"
-        )
+        return _bundled_instead(exc)
     if version is None:
         return LoadedSchema(
             load_bundled(),
@@ -104,12 +111,22 @@ def load_schema(python: str, cache_dir: Path) -> LoadedSchema:
             return LoadedSchema(FlagSchema.from_probe_output(data, source=python), True, None)
         except (OSError, ValueError, KeyError, TypeError):
             pass  # a damaged cache is rebuilt below
-    schema = read_schema(python)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(json.dumps(schema.to_json()))
-    os.replace(tmp, cache)
+    try:
+        schema = read_schema(python)  # SGLang installed but broken (a missing library...)
+    except ParserUnavailable as exc:
+        return _bundled_instead(exc)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(cache, json.dumps(schema.to_json()))
+    except (OSError, StoreError) as exc:
+        log.warning("cannot cache SGLang's flag schema in %s: %s", cache_dir, exc)
     return LoadedSchema(schema, True, None)
+
+
+def _bundled_instead(exc: ParserUnavailable) -> LoadedSchema:
+    return LoadedSchema(
+        load_bundled(), False, f"{exc}; using the bundled schema of SGLang {BUNDLED_VERSION}"
+    )
 
 
 @dataclass(frozen=True)

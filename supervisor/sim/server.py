@@ -63,7 +63,7 @@ from supervisor.planner import ModelSpec
 from supervisor.schema import BUNDLED_VERSION, FlagSchema, FlagSpec, load_bundled
 from supervisor.sim import capacity
 from supervisor.sim.faults import FAULTS_ENV, Faults, crash_report, oom_report, parse_faults
-from supervisor.sim.gpus import DEFAULT_MEMORY_MIB, sim_gpu_uuid
+from supervisor.sim.gpus import DEFAULT_MEMORY_MIB, sim_gpu_index, sim_gpu_uuid
 from supervisor.sim.load import LOAD_ENV, Engine, LoadSpec, parse_load
 
 #: Seconds between time-driven checks of the main loop (children alive, faults, logging).
@@ -117,6 +117,31 @@ def _shadowed_specs(schema: FlagSchema) -> list[FlagSpec]:
     return list(extra.flags.values())
 
 
+def _count(text: str) -> int:
+    value = planner.parse_count(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (4096, 128k, 1Mi)")
+    return value
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON: {exc}") from None
+
+
+#: Value parsers per schema type: SGLang's own ones refuse text they cannot read, and so
+#: does the simulation (the others take any text, as those parsers do).
+_VALUE_TYPES: dict[str, Any] = {
+    "int": int,
+    "float": float,
+    "callable:human_readable_int": _count,
+    "callable:loads": _json,
+    "callable:json_list_type": _json,  # SGLang's json_list_type is JSON of any shape
+}
+
+
 def build_parser(schema: FlagSchema | None = None) -> argparse.ArgumentParser:
     """An argparse parser accepting exactly the flags of ``schema`` (default: bundled)."""
     schema = schema or load_bundled()
@@ -141,19 +166,15 @@ def build_parser(schema: FlagSchema | None = None) -> argparse.ArgumentParser:
             positive = {"--no-" + o[2:] for o in options if o.startswith("--")}
             options = [o for o in options if o not in positive]
         else:
-            if spec.type == "int":
-                kwargs["type"] = int
-            elif spec.type == "float":
-                kwargs["type"] = float
+            value_type = _VALUE_TYPES.get(spec.type)
+            if value_type is not None:
+                kwargs["type"] = value_type
             if spec.nargs is not None:
                 kwargs["nargs"] = spec.nargs
             if spec.choices is not None:
                 kwargs["choices"] = list(spec.choices)
         parser.add_argument(*options, **kwargs)
     return parser
-
-
-parse_count = planner.parse_count
 
 
 @dataclass(frozen=True)
@@ -169,11 +190,8 @@ class ServerConfig:
     tp_size: int
     dp_size: int
     pp_size: int
-    #: None: SGLang picks it (``planner.sglang_default_fraction``).
-    mem_fraction_static: float | None
     kv_cache_dtype: str
     max_running_requests: int | None
-    max_total_tokens: int | None
     base_gpu_id: int
     gpu_id_step: int
     cuda_graph: bool
@@ -189,7 +207,6 @@ class ServerConfig:
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> ServerConfig:
         a = vars(ns)
-        fraction = a.get("mem_fraction_static")
         return cls(
             args=dict(a),
             host=str(a["host"]),
@@ -200,10 +217,8 @@ class ServerConfig:
             tp_size=max(1, int(a.get("tp_size") or 1)),
             dp_size=max(1, int(a.get("dp_size") or 1)),
             pp_size=max(1, int(a.get("pp_size") or 1)),
-            mem_fraction_static=None if fraction is None else float(fraction),
             kv_cache_dtype=str(a.get("kv_cache_dtype") or "auto"),
             max_running_requests=a.get("max_running_requests"),
-            max_total_tokens=parse_count(a.get("max_total_tokens")),
             base_gpu_id=int(a.get("base_gpu_id") or 0),
             gpu_id_step=max(1, int(a.get("gpu_id_step") or 1)),
             cuda_graph=not a.get("disable_cuda_graph")
@@ -212,7 +227,7 @@ class ServerConfig:
             enable_hierarchical_cache=bool(a.get("enable_hierarchical_cache")),
             hicache_size_gb=int(a.get("hicache_size") or 0),
             hicache_ratio=a.get("hicache_ratio"),
-            context_length=parse_count(a.get("context_length")) or DEFAULT_CONTEXT_LENGTH,
+            context_length=planner.parse_count(a.get("context_length")) or DEFAULT_CONTEXT_LENGTH,
         )
 
 
@@ -343,6 +358,8 @@ class _Handler(BaseHTTPRequestHandler):
     # Headers and body go out in separate writes: with Nagle's algorithm on, a kept-alive
     # client's delayed ACK would hold every answer back ~40 ms.
     disable_nagle_algorithm = True
+    # A client that sends half a request must not hold a thread forever.
+    timeout = 30
     protocol_version = "HTTP/1.1"
     server: _HttpServer
 
@@ -592,6 +609,8 @@ class Launcher:
             self._serve()
         except ServerFailure as exc:
             return self._fail(exc.lines, exc.who)
+        except Exception as exc:  # a bug or an OS error: never leave the ranks behind
+            return self._fail([f"{type(exc).__name__}: {exc}"], "")
         return self._shutdown()
 
     def _serve(self) -> None:
@@ -645,6 +664,14 @@ class Launcher:
         """Every rank needs its own visible GPU, as SGLang's ranks do."""
         cfg, visible = self.cfg, self.env.visible_gpus
         last = cfg.base_gpu_id + (cfg.num_ranks - 1) * cfg.gpu_id_step
+        unknown = [g for g in visible if sim_gpu_index(g) is None]
+        if unknown:
+            raise ServerFailure(
+                [
+                    f"RuntimeError: CUDA error: invalid device ordinal: CUDA_VISIBLE_DEVICES "
+                    f"names {', '.join(unknown)}, which is not a simulated GPU"
+                ]
+            )
         if not visible or last >= len(visible):
             raise ServerFailure(
                 [
@@ -711,6 +738,16 @@ class Launcher:
             )
         if self.faults.crash_on_start:
             raise ServerFailure(crash_report(), "TP0")
+        if self.max_total_num_tokens <= 0:
+            weights_gib = self.weight_bytes / 2**30
+            raise ServerFailure(
+                [
+                    f"RuntimeError: Not enough memory. Please try to increase "
+                    f"--mem-fraction-static. (weights {weights_gib:.1f} GiB per rank leave no "
+                    f"room for the KV cache at mem_fraction_static={self.mem_fraction:.3f})"
+                ],
+                "TP0",
+            )
 
     def _install_signals(self) -> None:
         if self.faults.ignore_sigterm:

@@ -379,7 +379,7 @@ def test_tp4_serves_holds_memory_and_drains_on_sigterm(sims: Sims) -> None:
 
 
 def test_metrics_404_without_enable_metrics(sims: Sims) -> None:
-    sim = sims.start(tp=1, metrics=False)
+    sim = sims.start(tp=2, metrics=False)
     sim.wait_ready()
     assert sim.status("/metrics") == 404
     assert sim.status("/health") == 200
@@ -408,6 +408,21 @@ def test_crash_on_start(sims: Sims) -> None:
     assert "fired up" not in sim.log_text()
     assert sims.members() == []
     assert sims.used_mib() == [0] * 8
+
+
+def test_weights_that_leave_no_kv_cache_fail_the_start(sims: Sims) -> None:
+    # The 70B model's weights alone exceed one GPU's static fraction: SGLang refuses.
+    sim = sims.start(tp=1)
+    assert sim.exited(15) == 1
+    assert "Not enough memory. Please try to increase --mem-fraction-static" in sim.log_text()
+    assert sims.members() == []
+    assert sims.used_mib() == [0] * 8
+
+
+def test_values_sglang_cannot_parse_are_refused(sims: Sims) -> None:
+    sim = sims.start("--context-length", "lots")
+    assert sim.exited(15) == 2
+    assert "argument --context-length" in sim.log_text()
 
 
 def test_hang_on_start_never_ready_then_sigterm(sims: Sims) -> None:
