@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from api import plan, routes
 from api.auth import GuardMiddleware
@@ -16,32 +15,15 @@ from supervisor.metrics import SupervisorMetrics
 def create_app(
     supervisor: Supervisor,
     *,
-    manage_lifecycle: bool = True,
     token: str | None = None,
     metrics_public: bool = False,
     max_body_bytes: int = 1 << 20,
-    keep_server: bool = False,
 ) -> FastAPI:
-    """An app serving ``supervisor``; with ``token`` every call but /healthz needs it.
-
-    With ``manage_lifecycle`` the app's lifespan starts the supervisor and, on shutdown
-    (the daemon's SIGTERM/SIGINT), stops the server and verifies the GPUs released.
-    """
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if manage_lifecycle:
-            await supervisor.start()
-        try:
-            yield
-        finally:
-            if manage_lifecycle:
-                await supervisor.shutdown(keep_server=keep_server)
-
+    """An app serving ``supervisor`` (started and stopped by ``api.daemon.serve``); with
+    ``token`` every call but /healthz (and /metrics when ``metrics_public``) needs it."""
     app = FastAPI(
         title="sglang-supervisor",
         summary="Owns an SGLang server and changes its launch flags atomically.",
-        lifespan=lifespan,
     )
     app.state.supervisor = supervisor
     app.state.metrics = SupervisorMetrics(supervisor)
@@ -53,4 +35,13 @@ def create_app(
         metrics_public=metrics_public,
         max_body_bytes=max_body_bytes,
     )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # The errors without their "input": it may be large, or not JSON-encodable (NaN).
+        errors = [
+            {"loc": e.get("loc"), "msg": e.get("msg"), "type": e.get("type")} for e in exc.errors()
+        ]
+        return JSONResponse({"detail": errors}, status_code=422)
+
     return app

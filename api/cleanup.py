@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from supervisor.config import load_settings
+from supervisor.config import instance_name, load_settings
 
 
 def add_cleanup_parser(sub: Any) -> None:
@@ -72,5 +72,5 @@ def run_cleanup(args: argparse.Namespace) -> int:
     from supervisor.runtime import cleanup  # the process machinery, only when needed
 
     report = cleanup(settings)
-    print(f"cleanup of instance {settings.instance!r}: {report.describe()}")
+    print(f"cleanup of instance {instance_name(settings)!r}: {report.describe()}")
     return 0 if report.clean else 1

@@ -335,8 +335,8 @@ def cmd_apply(args: argparse.Namespace, client: Client) -> int:
     levers, env = lever_changes_from_args(args)
     if not levers and not env and not args.replace:
         raise UsageError("nothing to apply: give --set, --env, --unset or --file")
-    if args.drain < 0:
-        raise UsageError("--drain must be >= 0 seconds")
+    if not math.isfinite(args.drain) or args.drain < 0:
+        raise UsageError("--drain must be a number of seconds >= 0")
     before = client.levers()
     quiet = args.json
     with OperationFollower(client, None if quiet else out, use_events=not args.poll) as follower:
@@ -539,7 +539,8 @@ def cmd_events(args: argparse.Namespace, client: Client) -> int:
     replay = bool(args.replay)
     try:
         while True:
-            with client.events(replay=replay, read_timeout_s=None) as stream:
+            # The daemon sends a keep-alive every 15 s: silence for 45 s is a dead stream.
+            with client.events(replay=replay, read_timeout_s=45) as stream:
                 try:
                     for event in stream:
                         if seen.fresh(event):
@@ -617,15 +618,6 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, overrides)
 
 
-async def serve(settings: Settings, log_level: str = "info") -> int:
-    """Run the daemon until SIGTERM/SIGINT (``api.daemon.serve``: auth, the API, systemd
-    notifications); then stop the server, verify the GPUs released, and return 0 (1 when
-    start-up failed, 2 on an unsafe or broken configuration)."""
-    from api.daemon import serve as serve_daemon
-
-    return await serve_daemon(settings, log_level)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -639,6 +631,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"sglang-supervisor: {exc}", file=sys.stderr)
             return 2
+        from api.daemon import serve  # the server side, only when serving
+
         return asyncio.run(serve(settings, args.log_level))
     if args.command == "plan":
         from api.cli_plan import run_plan

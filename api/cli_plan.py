@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -25,6 +26,7 @@ from typing import Any, TextIO
 import httpx
 import psutil
 
+from api.auth import TOKEN_ENV
 from api.cli import (
     EXIT_BUSY,
     EXIT_ERROR,
@@ -34,7 +36,7 @@ from api.cli import (
     OUTCOME_EXIT,
     add_client_options,
 )
-from api.client import TOKEN_ENV, ClientError, resolve_token, resolve_url
+from api.client import ClientError, resolve_token, resolve_url
 from supervisor import planner
 from supervisor.planner import Hardware, PlanError
 
@@ -104,7 +106,7 @@ def _read_model(args: argparse.Namespace) -> planner.ModelSpec | None:
 def _check_numbers(args: argparse.Namespace) -> None:
     for name in ("gpus", "gpu_memory", "host_ram", "avg_tokens", "target_concurrency"):
         value = getattr(args, name)
-        if value is not None and value <= 0:
+        if value is not None and not (math.isfinite(value) and value > 0):
             raise CliError(
                 f"--{name.replace('_', '-')} must be positive, got {value}", EXIT_INVALID
             )

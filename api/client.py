@@ -19,9 +19,10 @@ from typing import Any, Self
 
 import httpx
 
+from api.auth import TOKEN_ENV
+
 DEFAULT_URL = "http://127.0.0.1:8470"
 URL_ENV = "SGLANG_SUPERVISOR_URL"
-TOKEN_ENV = "SGLANG_SUPERVISOR_TOKEN"
 
 Json = dict[str, Any]
 
@@ -117,7 +118,8 @@ def resolve_url(url: str | None) -> str:
 
 
 def resolve_token(token: str | None, token_file: Path | None) -> str | None:
-    """``--token``, else the first line of ``--token-file``, else ``$SGLANG_SUPERVISOR_TOKEN``.
+    """``--token``, else the contents of ``--token-file`` (stripped, read as the daemon reads
+    it), else ``$SGLANG_SUPERVISOR_TOKEN``.
 
     Raises ``ClientError`` when the token file cannot be read.
     """
@@ -128,8 +130,7 @@ def resolve_token(token: str | None, token_file: Path | None) -> str | None:
             text = token_file.read_text()
         except OSError as exc:
             raise ClientError(f"cannot read the token file {token_file}: {exc.strerror}") from exc
-        lines = text.strip().splitlines()
-        return lines[0].strip() if lines else None
+        return text.strip() or None
     return os.environ.get(TOKEN_ENV) or None
 
 
@@ -264,9 +265,6 @@ class Client:
         return data
 
     # ------------------------------------------------------------ the API
-
-    def healthz(self) -> Json:
-        return self._json("GET", "/healthz")
 
     def status(self) -> Json:
         """``GET /status``: state, server, levers, GPUs, running operation, throughput."""

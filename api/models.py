@@ -19,4 +19,4 @@ class ApplyRequest(BaseModel):
     replace: bool = False
     dry_run: bool = False
     #: Wait up to this long for running and queued requests to finish before stopping.
-    drain_timeout_s: float = Field(0.0, ge=0)
+    drain_timeout_s: float = Field(0.0, ge=0, allow_inf_nan=False)

@@ -223,3 +223,5 @@ async def post_plan(sup: SupervisorDep, body: PlanRequest | None = None) -> dict
         return await make_plan(body or PlanRequest(), sup)
     except PlanError as exc:
         raise _refused(str(exc)) from exc
+    except (ArithmeticError, ValueError) as exc:  # a config.json with impossible values
+        raise _refused(f"cannot plan for this model: {type(exc).__name__}: {exc}") from exc

@@ -392,10 +392,6 @@ def log_line(line: str, width: int) -> str:
     return clip("      | " + line, width)
 
 
-def problems_text(problems: Sequence[tuple[str, str]]) -> str:
-    return "\n".join(f"  {lever}: {message}" for lever, message in problems)
-
-
 # ----------------------------------------------------------------- events
 
 

@@ -5,7 +5,9 @@
 #   scripts/sglang-parser-env.sh [DIR]     (default: .venv-sglang)
 #
 # SGLang is installed with --no-deps, then only what importing
-# sglang.srt.server_args needs, with the CPU build of torch. ~2.3 GB, ~1 minute.
+# sglang.srt.server_args needs, with torch 2.13.0: ~2.3 GB, ~1 minute where pip finds that
+# release's CPU build (as on this project's machines). Elsewhere plain PyPI serves the CUDA
+# build of torch: it works the same for parsing, only several GB larger.
 set -euo pipefail
 dir=${1:-.venv-sglang}
 version=${SGLANG_VERSION:-0.5.23}

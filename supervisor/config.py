@@ -7,6 +7,7 @@ Sections: ``[api]``, ``[server]`` (+ ``[server.levers]``, ``[server.env]``),
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import tomllib
@@ -106,8 +107,9 @@ class SimulateSettings(_Section):
 class Settings(_Section):
     simulate: bool = False
     state_dir: Path = Field(default_factory=lambda: default_state_dir())
-    #: Names this daemon's launches (the launch tag is ``<instance>.<launch id>``).
-    instance: str = Field("sglang-supervisor", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    #: Names this daemon's launches (the launch tag is ``<instance>.<launch id>``). None:
+    #: derived from the state directory, so two daemons never claim each other's servers.
+    instance: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     #: Leave the server running when the daemon exits, for the next daemon to adopt (no
     #: model reload on a daemon upgrade). Pair with systemd KillMode=process and the
     #: cleanup ExecStopPost; $SGLANG_SUPERVISOR_KEEP_SERVER=1 sets it too.
@@ -123,6 +125,14 @@ class Settings(_Section):
         if self.simulate and not self.server.levers:
             self.server.levers = dict(SIMULATED_DEFAULT_LEVERS)
         return self
+
+
+def instance_name(settings: Settings) -> str:
+    """The configured instance, or one derived from the state directory's real path."""
+    if settings.instance:
+        return settings.instance
+    digest = hashlib.sha256(os.path.realpath(settings.state_dir).encode()).hexdigest()[:10]
+    return f"sglang-supervisor-{digest}"
 
 
 def default_state_dir() -> Path:

@@ -21,9 +21,16 @@ from typing import Any
 
 from supervisor import preflight, serverlogs
 from supervisor.backend import Backend, ProcessOps, ServerHandle
-from supervisor.config import Settings
+from supervisor.config import Settings, instance_name
 from supervisor.events import EventBus
-from supervisor.gpu import GpuInfo, GpuQueryError, GpuSample, resolve_gpus, wait_released
+from supervisor.gpu import (
+    GpuInfo,
+    GpuQueryError,
+    GpuSample,
+    cuda_visible_devices,
+    resolve_gpus,
+    wait_released,
+)
 from supervisor.health import HealthChecker
 from supervisor.levers import (
     LeverError,
@@ -132,7 +139,7 @@ class Supervisor:
         self.schema_live = False
         #: Why SGLang's own parser is not used (None when it is).
         self.schema_warning: str | None = None
-        self.tag_prefix = f"{settings.instance}."
+        self.tag_prefix = f"{instance_name(settings)}."
         self._persisted = PersistedState()
         self._op_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -183,7 +190,10 @@ class Supervisor:
                 log.warning("%s", loaded.warning)
                 self.warnings.append(loaded.warning)
         self.managed = await asyncio.to_thread(self._resolve, self.settings.server.gpus)
-        initial = self._persisted.last_good or self._persisted.levers
+        # Persisted levers were checked against the SGLang of their day: check them again
+        # against this one (an upgrade may have renamed a flag).
+        self.last_good = self._recheck(self._persisted.last_good, "last-good")
+        initial = self.last_good or self._recheck(self._persisted.levers, "persisted")
         if initial is None:
             configured = LeverSet(self.settings.server.levers, self.settings.server.env)
             try:
@@ -191,7 +201,6 @@ class Supervisor:
             except LeverError as exc:
                 raise ValueError(f"the configured initial levers are invalid: {exc}") from exc
         self.levers = initial
-        self.last_good = self._persisted.last_good
         if not self.probe.pids_are_local():
             self.warnings.append(
                 "GPU process ids come from another PID namespace (a container without the "
@@ -205,6 +214,20 @@ class Supervisor:
         ]
         op = self._begin("start", None)
         self._run(op, self._initial_start(op))
+
+    def _recheck(self, levers: LeverSet | None, what: str) -> LeverSet | None:
+        if levers is None:
+            return None
+        try:
+            return check_levers(levers, self.schema)
+        except LeverError as exc:
+            why = (
+                f"the {what} levers in {self.store.dir} do not fit SGLang "
+                f"{self.schema.sglang_version} ({exc}); not using them"
+            )
+            log.error("%s", why)
+            self.warnings.append(why)
+            return None
 
     def _resolve(self, names: list[str]) -> list[GpuInfo]:
         """The managed GPUs: those named (index or UUID), or every GPU the probe sees."""
@@ -370,6 +393,13 @@ class Supervisor:
             self._transition(S.FAILED, why)
             raise StartFailed(why)
         ph.end(SUCCEEDED, result.describe())
+        if not self.probe.pids_are_local():
+            # Without local pids the GPUs cannot tell us the leftovers are gone, and the
+            # baseline measured next may include what they held: say so.
+            self.warnings.append(
+                f"leftovers {sorted(members)} were torn down, but with GPU pids from another "
+                "PID namespace their release could not be verified on the GPUs"
+            )
         self._transition(S.STOPPED, "leftovers cleared")
 
     async def _measure_baseline(self) -> None:
@@ -387,24 +417,25 @@ class Supervisor:
         levers = self.server.levers if self.server is not None else None
         return t.stop_grace_s + t.kill_timeout_s + self._release_timeout(levers)
 
-    async def shutdown(self, *, keep_server: bool = False) -> None:
+    async def shutdown(self, *, keep_server: bool = False) -> bool:
         """Stop the server (SIGTERM, grace, SIGKILL), verify the GPUs released, stop watching.
 
         Called on the daemon's SIGTERM/SIGINT. A running operation is cancelled first.
         With ``keep_server`` (systemd ``KillMode=process``) the server is left running and
         recorded, for the next daemon to adopt: a daemon upgrade costs no model reload.
-        Idempotent: a second call returns at once.
+        Returns False when the GPUs could not be verified released. A supervisor that never
+        started touches nothing. Idempotent: a second call returns True at once.
         """
         if self._closing:
-            return
+            return True
         self._closing = True
         try:
-            await self._shutdown(keep_server)
+            return await self._shutdown(keep_server) if self._tasks else True
         finally:
             await self.health.aclose()
             self.probe.close()
 
-    async def _shutdown(self, keep_server: bool) -> None:
+    async def _shutdown(self, keep_server: bool) -> bool:
         for task in self._tasks:
             task.cancel()
         if self._op_task is not None and not self._op_task.done():
@@ -414,6 +445,7 @@ class Supervisor:
         if self.operation is not None and not self.operation.finished:
             self.operation.finish(FAILED, "the daemon was shut down during the operation")
             self.operation = None
+        released = True
         if keep_server:
             log.info(
                 "leaving the server running for the next daemon to adopt (%s)",
@@ -424,9 +456,9 @@ class Supervisor:
             self.operations[op.id] = op
             released = await self._stop_and_release(op, "daemon shutdown", S.STOPPED)
             op.finish(SUCCEEDED if released else FAILED, None if released else self.state_reason)
-            self._persisted.server = None
         with contextlib.suppress(StoreError):
             await asyncio.to_thread(self._save)
+        return released
 
     # -------------------------------------------------------------- operations
 
@@ -824,14 +856,20 @@ class Supervisor:
                 lambda: self.events.publish("release_sample", operation=op.id, gpus=data)
             )
 
+        baseline, tolerance = self.baseline, t.release_tolerance_mib * 2**20
+        if any(i not in baseline for i in self._indices()):
+            # Never measured (the start failed before it could be): judge by member pids
+            # alone rather than call a GPU empty against a made-up baseline.
+            log.warning("no GPU baseline yet: release is judged by member processes only")
+            baseline, tolerance = {g.index: g.memory_total_bytes for g in self.managed}, 0
         result = await asyncio.to_thread(
             wait_released,
             self.probe,
             self._indices(),
-            self.baseline,
+            baseline,
             members,
             timeout_s=self._release_timeout(levers),
-            tolerance_bytes=t.release_tolerance_mib * 2**20,
+            tolerance_bytes=tolerance,
             consecutive=t.release_samples,
             interval_s=t.release_interval_s,
             on_sample=on_sample,
@@ -871,10 +909,7 @@ class Supervisor:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SUPERVISOR_")}
         env.update(self.backend.env)
         env.update(levers.env)
-        # CUDA numbers GPUs fastest-first unless told otherwise; NVML by PCI bus. UUIDs
-        # make the assignment unambiguous.
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in self.managed)
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env.update(cuda_visible_devices(self.managed)[1])
         return env
 
     async def _launch_until_ready(

@@ -11,7 +11,7 @@ import contextlib
 import itertools
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 Event = dict[str, Any]
@@ -51,9 +51,3 @@ class EventBus:
             yield q
         finally:
             self._subscribers.discard(q)
-
-    async def subscribe(self, replay: bool = False) -> AsyncIterator[Event]:
-        """Yield events as they come (after the recent history when ``replay``)."""
-        with self.subscription(replay) as q:
-            while True:
-                yield await q.get()

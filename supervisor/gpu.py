@@ -68,6 +68,21 @@ class GpuProbe(Protocol):
     def close(self) -> None: ...
 
 
+def cuda_visible_devices(gpus: Sequence[GpuInfo]) -> tuple[str, dict[str, str]]:
+    """The ``CUDA_VISIBLE_DEVICES`` value naming ``gpus`` by UUID, and the env to pass.
+
+    CUDA's default device order is "fastest first", not NVML's PCI bus order, so NVML
+    indices must not be passed as CUDA indices. UUIDs name the same GPUs in both;
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` also makes any index-based tool inside the server
+    agree with NVML. Raises ``ValueError`` when ``gpus`` is empty (an empty
+    ``CUDA_VISIBLE_DEVICES`` would hide every GPU from the server).
+    """
+    if not gpus:
+        raise ValueError("no managed GPUs: set server.gpus to the NVML indices or UUIDs to use")
+    value = ",".join(g.uuid for g in gpus)
+    return value, {"CUDA_VISIBLE_DEVICES": value, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
 def resolve_gpus(probe: GpuProbe, names: Sequence[str]) -> list[GpuInfo]:
     """Map configured GPU names (NVML index or UUID) to the probe's devices.
 
@@ -173,7 +188,7 @@ def wait_released(
             for s in samples:
                 pids = [p.pid for p in s.processes]
                 mine = sorted(p for p in pids if p in member_set)
-                base = baseline_bytes.get(s.index, 0)
+                base = baseline_bytes[s.index]  # measured for every managed GPU, never 0
                 ok = not mine and s.memory_used_bytes <= base + tolerance_bytes
                 last.append(
                     GpuReleaseState(

@@ -41,7 +41,7 @@ class HttpHealthChecker:
         except httpx.TimeoutException:
             return Probe(False, f"GET {url}/health_generate timed out after {timeout_s:.0f}s")
         except httpx.HTTPError as exc:
-            return Probe(False, f"GET {url}/health_generate failed: {type(exc).__name__}")
+            return Probe(False, f"GET {url}/health_generate failed: {type(exc).__name__}: {exc}")
         if r.status_code == 200:
             return Probe(True, "200")
         return Probe(False, f"GET {url}/health_generate answered {r.status_code}")

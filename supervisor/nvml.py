@@ -41,21 +41,6 @@ class NvmlFeatureMissing(GpuQueryError):
     """This driver's NVML lacks a function or structure version; an older one may work."""
 
 
-def cuda_visible_devices(gpus: Sequence[GpuInfo]) -> tuple[str, dict[str, str]]:
-    """The ``CUDA_VISIBLE_DEVICES`` value naming ``gpus`` by UUID, and the env to pass.
-
-    CUDA's default device order is "fastest first", not NVML's PCI bus order, so NVML
-    indices must not be passed as CUDA indices. UUIDs name the same GPUs in both;
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` also makes any index-based tool inside the server
-    agree with NVML. Raises ``ValueError`` when ``gpus`` is empty (an empty
-    ``CUDA_VISIBLE_DEVICES`` would hide every GPU from the server).
-    """
-    if not gpus:
-        raise ValueError("no managed GPUs: set server.gpus to the NVML indices or UUIDs to use")
-    value = ",".join(g.uuid for g in gpus)
-    return value, {"CUDA_VISIBLE_DEVICES": value, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-
-
 def pid_namespace_is_root(proc_root: Path = Path("/proc")) -> bool | None:
     """Whether this process lives in the kernel's initial PID namespace.
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from supervisor import process
 from supervisor.backend import Backend, ServerHandle
-from supervisor.config import Settings
+from supervisor.config import Settings, instance_name
 from supervisor.core import Supervisor
 from supervisor.health import HttpHealthChecker
 from supervisor.schema import load_bundled
@@ -128,7 +128,7 @@ def cleanup(settings: Settings) -> process.TeardownReport:
     t = settings.timeouts
     return process.teardown(
         None,
-        tag_prefix=f"{settings.instance}.",
+        tag_prefix=f"{instance_name(settings)}.",
         grace_s=t.stop_grace_s,
         kill_timeout_s=t.kill_timeout_s,
     )

@@ -23,7 +23,7 @@ def launch_logs(logs_dir: Path) -> list[Path]:
         files = [p for p in logs_dir.glob(PATTERN) if p.is_file()]
     except OSError:
         return []
-    return sorted(files, key=lambda p: (p.name, p.stat().st_mtime), reverse=True)
+    return sorted(files, key=lambda p: p.name, reverse=True)
 
 
 def log_for_launch(logs_dir: Path, launch: int) -> Path | None:

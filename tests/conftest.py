@@ -47,5 +47,8 @@ def daemon_factory(tmp_path: Path) -> Iterator[type[Daemon]]:
     yield _Factory
     for d in started:
         if d.proc is not None and d.proc.poll() is None:
-            d.stop()
+            # Every test ends with what an operator's `systemctl stop` must give: exit 0
+            # and nothing of the daemon's left running.
+            assert d.stop() == 0, d.log()
+            assert tagged_processes(d.instance) == [], f"left running by {d.instance}"
         d.client.close()

@@ -136,7 +136,8 @@ class Bench:
             probe: GpuProbe = SimGpuProbe(registry, count=1)
             gpu = probe.devices()[0]
             return probe, gpu, {"CUDA_VISIBLE_DEVICES": sim_gpu_uuid(0)}
-        from supervisor.nvml import NvmlProbe, cuda_visible_devices
+        from supervisor.gpu import cuda_visible_devices
+        from supervisor.nvml import NvmlProbe
 
         self.sim_registry = ""
         probe = NvmlProbe()

@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.gpu import GpuInfo, GpuQueryError, resolve_gpus, wait_released
-from supervisor.nvml import NvmlProbe, cuda_visible_devices
+from supervisor.gpu import GpuInfo, GpuQueryError, cuda_visible_devices, resolve_gpus, wait_released
+from supervisor.nvml import NvmlProbe
 from tests.helpers import TEST_INSTANCE_PREFIX, register_tag
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]

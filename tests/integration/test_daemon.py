@@ -179,8 +179,16 @@ def test_crash_after_ready_restarts_then_crash_loop_fails(daemon_factory: type[D
     d = daemon_factory(timeouts={"probation_s": 0.2}).start()
     op = _op(d.apply(env={"SGLANG_SIM_FAULTS": "crash_after=1.0"}))
     assert op["state"] == "succeeded"
-    s = wait_until(lambda: (st := d.status())["restarts"] >= 1 and st, 30, 0.05, "a restart")
-    assert s["levers"] == {**s["levers"]} and s["env"] == {"SGLANG_SIM_FAULTS": "crash_after=1.0"}
+    before = d.status()
+    s = wait_until(
+        lambda: (st := d.status())["restarts"] >= 1 and st["state"] == "ready" and st,
+        30,
+        0.05,
+        "a restart",
+    )
+    # Restarted with the same levers (the fault included), as a new process tree.
+    assert s["server"]["pid"] != before["server"]["pid"]
+    assert s["levers"] == before["levers"] and s["env"] == before["env"]
     failed = d.wait_state("failed", timeout=60)
     assert "crash loop" in failed["state_reason"]
     assert failed["server"] is None
@@ -194,6 +202,7 @@ def test_crash_after_ready_restarts_then_crash_loop_fails(daemon_factory: type[D
 def test_unhealthy_server_is_restarted(daemon_factory: type[Daemon]) -> None:
     d = daemon_factory().start()
     assert _op(d.apply(env={"SGLANG_SIM_FAULTS": "unhealthy_after=0.5"}))["state"] == "succeeded"
+    hung = d.status()["server"]["pid"]
     s = wait_until(
         lambda: (st := d.status())["restarts_by_reason"].get("hung") and st,
         30,
@@ -201,6 +210,15 @@ def test_unhealthy_server_is_restarted(daemon_factory: type[Daemon]) -> None:
         "a restart of the hung server",
     )
     assert s["restarts_by_reason"]["hung"] >= 1
+    # A new server tree replaced the hung one, which is gone.
+    after = wait_until(
+        lambda: (st := d.status())["state"] == "ready" and st["server"]["pid"] != hung and st,
+        30,
+        0.05,
+        "the new server",
+    )
+    assert hung not in {p.pid for p in tagged_processes(d.instance)}
+    assert after["server"]["pid"] != hung
 
 
 def test_daemon_sigterm_leaves_nothing_behind_and_restart_uses_last_good(
@@ -272,3 +290,34 @@ def test_foreign_process_on_a_managed_gpu_blocks_the_launch(
         foreign.kill()
         foreign.wait(10)
     assert _op(d.client.post("/start", params={"wait": "true"}))["state"] == "succeeded"
+
+
+def test_a_second_daemon_on_the_same_state_dir_is_refused_and_touches_nothing(
+    daemon_factory: type[Daemon],
+) -> None:
+    d = daemon_factory().start()
+    pid = d.status()["server"]["pid"]
+    out = subprocess.run(
+        [sys.executable, "-m", "api.cli", "serve", "--config", str(d.config_path), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert f"already runs on state dir {d.dir / 'state'}" in out.stderr
+    s = d.status()
+    assert s["state"] == "ready" and s["server"]["pid"] == pid and s["restarts"] == 0
+
+
+def test_an_unknown_gpu_in_the_config_exits_2_naming_it(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory(extra={"server": {"gpus": ["0", "GPU-nope"]}})
+    out = subprocess.run(
+        [sys.executable, "-m", "api.cli", "serve", "--config", str(d.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert "managed GPU 'GPU-nope' does not exist" in out.stderr

@@ -25,10 +25,17 @@ SGLANG_PYTHON = os.environ.get(
     "SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON", str(ROOT / ".venv-sglang" / "bin" / "python")
 )
 
-pytestmark = pytest.mark.skipif(
-    not Path(SGLANG_PYTHON).exists(),
-    reason=f"no SGLang parser environment at {SGLANG_PYTHON} (scripts/sglang-parser-env.sh)",
-)
+if "SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON" in os.environ and not Path(SGLANG_PYTHON).exists():
+    # The test command built it and said where: missing now is a failure, never a skip.
+    raise RuntimeError(f"SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON={SGLANG_PYTHON} does not exist")
+
+pytestmark = [
+    pytest.mark.sglang,
+    pytest.mark.skipif(
+        not Path(SGLANG_PYTHON).exists(),
+        reason=f"no SGLang parser environment at {SGLANG_PYTHON} (scripts/sglang-parser-env.sh)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from supervisor.core import Busy
-from supervisor.levers import LeverError
+from supervisor.levers import LeverError, LeverSet
 from supervisor.operations import FAILED, ROLLED_BACK, RUNNING, SUCCEEDED, Operation
 from supervisor.states import ServerState
-from supervisor.store import Store
+from supervisor.store import PersistedState, Store
 from tests.unit.fakes import (
     GIB,
     INITIAL_LEVERS,
@@ -1107,3 +1107,22 @@ def test_a_restarted_daemon_adopts_an_interrupted_apply_that_became_ready(
         await second.sup.shutdown()
 
     run(after)
+
+
+def test_persisted_levers_that_no_longer_fit_sglang_fall_back_to_the_configured(
+    tmp_path: Path,
+) -> None:
+    # An SGLang upgrade renamed a flag the last-good set uses: never a KeyError at launch.
+    stale = LeverSet({"model_path": "m", "tp_size": 4, "flag_removed_in_upgrade": 1})
+    Store(tmp_path).save(PersistedState(levers=stale, last_good=stale))
+    rig = make_rig(tmp_path)
+
+    async def main() -> None:
+        await rig.start_ready()
+        status = await rig.sup.status()
+        assert "flag_removed_in_upgrade" not in status["levers"]
+        assert status["levers"] == dict(rig.settings.server.levers)
+        assert any("do not fit SGLang" in w for w in status["warnings"])
+        await rig.sup.shutdown()
+
+    run(main)

@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 
-from supervisor.gpu import GpuQueryError, resolve_gpus, wait_released
+from supervisor.gpu import GpuQueryError, cuda_visible_devices, resolve_gpus, wait_released
 from supervisor.nvml import (
     ROOT_PID_NS_INODE,
     NvmlFeatureMissing,
     NvmlProbe,
-    cuda_visible_devices,
     pid_namespace_is_root,
 )
 
