@@ -39,9 +39,8 @@ from api.cli import (
 from api.client import ClientError, resolve_token, resolve_url
 from supervisor import planner
 from supervisor.planner import Hardware, PlanError
+from supervisor.units import GB, GiB
 
-GiB = 1 << 30
-GB = 1_000_000_000
 #: An apply restarts the server: model loads take minutes.
 APPLY_TIMEOUT_S = 3600.0
 

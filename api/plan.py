@@ -25,8 +25,7 @@ from supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
 from supervisor.sim import capacity
 from supervisor.sim.load import LOAD_ENV, parse_load
 from supervisor.states import ServerState
-
-GiB = 1 << 30
+from supervisor.units import GiB
 
 router = APIRouter()
 

@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from supervisor.units import GiB
+
 Json = dict[str, Any]
-GiB = 1 << 30
 
 
 def terminal_width(default: int = 100) -> int:

@@ -9,7 +9,6 @@ scrape time by a collector; durations are histograms observed when an operation 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -19,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from supervisor.gpu import GpuQueryError
 from supervisor.operations import OUTCOMES, Operation
+from supervisor.phases import TIMED_PHASES, OpKind, base_phase
 from supervisor.states import ServerState
 
 if TYPE_CHECKING:
@@ -28,25 +28,14 @@ PREFIX = "sglang_supervisor"
 #: Model loads take minutes: buckets reach 30 minutes.
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800)
 #: The phase label's values; a phase of a rollback or clean-up counts under its base name.
-PHASES = (
-    "validate",
-    "preflight",
-    "drain",
-    "stop",
-    "release",
-    "start",
-    "probation",
-    "commit",
-    "backoff",
-)
-OPERATION_KINDS = ("apply", "stop", "start", "restart", "recover", "shutdown")
-_PHASE_PREFIX = re.compile(r"^(rollback_|cleanup_|leftovers_)")
+PHASES = tuple(str(p) for p in TIMED_PHASES)
+OPERATION_KINDS = tuple(str(k) for k in OpKind)
 
 
 def phase_label(name: str) -> str | None:
     """``rollback_start`` -> ``start``; None for a name outside the bounded set."""
-    base = _PHASE_PREFIX.sub("", name)
-    return base if base in PHASES else None
+    base = base_phase(name)
+    return str(base) if base in TIMED_PHASES else None
 
 
 class _Collector(Collector):

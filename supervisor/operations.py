@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-RUNNING = "running"
-SUCCEEDED = "succeeded"
-ROLLED_BACK = "rolled_back"
-FAILED = "failed"
-OUTCOMES = (SUCCEEDED, ROLLED_BACK, FAILED)
+from supervisor.phases import OUTCOMES, OpState
+
+RUNNING = OpState.RUNNING
+SUCCEEDED = OpState.SUCCEEDED
+ROLLED_BACK = OpState.ROLLED_BACK
+FAILED = OpState.FAILED
+__all__ = ["FAILED", "OUTCOMES", "ROLLED_BACK", "RUNNING", "SUCCEEDED", "Operation", "Phase"]
 
 
 def wall_iso(ts: float | None = None) -> str:

@@ -37,9 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.preflight import SGLANG_HOST_RAM_MARGIN, host_pool_bytes_per_rank
+from supervisor.units import GB, GiB
 
-GB = 1_000_000_000
-GiB = 1 << 30
 MiB = 1 << 20
 
 #: Host RAM the planner leaves to the OS, page cache, the tokenizer and detokenizer and the

@@ -18,9 +18,8 @@ import psutil
 
 from supervisor.gpu import GpuInfo, GpuSample
 from supervisor.levers import LeverProblem, LeverSet
+from supervisor.units import GB, GiB
 
-GB = 1_000_000_000  # SGLang's hicache_size is in decimal gigabytes
-GiB = 1 << 30
 #: SGLang refuses a host pool larger than the available RAM minus this margin.
 SGLANG_HOST_RAM_MARGIN = 10 * GiB
 #: SGLang's hicache_ratio when the hierarchical cache is on and neither size nor ratio is set.

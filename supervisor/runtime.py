@@ -14,8 +14,7 @@ from supervisor.health import HttpHealthChecker
 from supervisor.schema import load_bundled
 from supervisor.sglang_parser import load_schema
 from supervisor.store import Store
-
-GiB = 1 << 30
+from supervisor.units import GiB
 
 
 class OsProcessOps:
