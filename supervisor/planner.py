@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from supervisor.layout import Layout
 from supervisor.preflight import SGLANG_HOST_RAM_MARGIN, host_pool_bytes_per_rank
 from supervisor.units import GB, GiB
 
@@ -461,9 +462,9 @@ def lever_bool(levers: Mapping[str, Any], name: str) -> bool:
 
 
 def parallel_sizes(levers: Mapping[str, Any]) -> tuple[int, int, int]:
-    """(tp, pp, dp), each at least 1."""
-    tp, pp, dp = (max(1, lever_int(levers, n) or 1) for n in ("tp_size", "pp_size", "dp_size"))
-    return tp, pp, dp
+    """(tp, pp, dp replicas), each at least 1, as ``supervisor.layout`` resolves them."""
+    shape = Layout.of(levers)
+    return shape.tp_size, shape.pp_size, shape.dp_size
 
 
 # --- SGLang's default memory fraction ----------------------------------------------------
@@ -715,7 +716,7 @@ def capacity(
             tokens,
             cell,
         )
-    ranks = tp * pp * dp
+    ranks = Layout.of(levers).ranks
     return Capacity(
         mem_fraction_static=explicit if explicit is not None else reserve.sglang_default_fraction,
         mem_fraction_source="lever" if explicit is not None else "SGLang default",
@@ -921,10 +922,11 @@ def propose(
         raise PlanError(f"target_concurrency must be positive, got {target_concurrency}")
     current = dict(current_levers)
     tp, pp, dp = parallel_sizes(current)
-    ranks = tp * pp * dp
-    if ranks > hardware.gpus:
+    shape = Layout.of(current)
+    ranks = shape.ranks
+    if shape.gpus_needed > hardware.gpus:
         raise PlanError(
-            f"tp_size {tp} × pp_size {pp} × dp_size {dp} needs {ranks} GPUs but the plan has "
+            f"{shape.describe()} needs {shape.gpus_needed} GPUs but the plan has "
             f"{hardware.gpus}; give more GPUs or lower tp_size/dp_size in the current levers"
         )
     gpu = hardware.gpu_memory_bytes

@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from supervisor.gpu import GpuInfo, GpuSample
+from supervisor.layout import Layout
 from supervisor.levers import LeverProblem, LeverSet
 from supervisor.units import GB, GiB
 
@@ -32,11 +33,13 @@ def _int(levers: Mapping[str, Any], name: str, default: int = 1) -> int:
 
 
 def gpus_needed(levers: Mapping[str, Any]) -> int:
-    """GPUs one server uses (= its ranks): tp × pp × dp, data-parallel replicas each taking
-    tp × pp GPUs — except with ``enable_dp_attention``, where the DP ranks run inside the
-    TP group and add no GPU (SGLang's ``compute_world_size``)."""
-    dp = 1 if levers.get("enable_dp_attention") else _int(levers, "dp_size")
-    return _int(levers, "tp_size") * _int(levers, "pp_size") * dp
+    """Visible GPUs one server needs: its highest GPU id + 1 (``supervisor.layout``)."""
+    return Layout.of(levers).gpus_needed
+
+
+def ranks(levers: Mapping[str, Any]) -> int:
+    """Scheduler processes (ranks) of one server: dp × tp × pp (``supervisor.layout``)."""
+    return Layout.of(levers).ranks
 
 
 def host_pool_bytes_per_rank(levers: Mapping[str, Any], gpu_total_bytes: int) -> int:
@@ -57,7 +60,7 @@ def host_pool_bytes_per_rank(levers: Mapping[str, Any], gpu_total_bytes: int) ->
 
 
 def pinned_host_bytes(levers: Mapping[str, Any], gpu_total_bytes: int) -> int:
-    return gpus_needed(levers) * host_pool_bytes_per_rank(levers, gpu_total_bytes)
+    return ranks(levers) * host_pool_bytes_per_rank(levers, gpu_total_bytes)
 
 
 @dataclass(frozen=True)
@@ -119,15 +122,16 @@ def check(
     """
     lv = levers.levers
     problems: list[LeverProblem] = []
-    need = gpus_needed(lv)
-    if need > len(managed):
+    shape = Layout.of(lv)
+    problems.extend(LeverProblem(lever, msg) for lever, msg in shape.problems())
+    if shape.gpus_needed > len(managed):
         problems.append(
             LeverProblem(
                 "tp_size",
-                f"tp_size {_int(lv, 'tp_size')} × pp_size {_int(lv, 'pp_size')} × dp_size "
-                f"{_int(lv, 'dp_size')} needs {need} GPUs, but this supervisor manages "
-                f"{len(managed)} ({', '.join(str(g.index) for g in managed)}); lower tp_size/"
-                "dp_size or add GPUs to server.gpus",
+                f"{shape.describe()} needs {shape.gpus_needed} GPUs, but this supervisor "
+                f"manages {len(managed)} ({', '.join(str(g.index) for g in managed)}); lower "
+                "tp_size/pp_size/dp_size (or base_gpu_id/gpu_id_step) or add GPUs to "
+                "server.gpus",
             )
         )
     if samples is not None and pids_are_local:
@@ -156,7 +160,7 @@ def check(
                 LeverProblem(
                     lever,
                     f"the hierarchical cache needs {per_rank / GB:.1f} GB per rank × "
-                    f"{gpus_needed(lv)} ranks = {total / GB:.1f} GB of pinned host RAM, but only "
+                    f"{shape.ranks} ranks = {total / GB:.1f} GB of pinned host RAM, but only "
                     f"{available / GB:.1f} GB is available ({host.ram_source}, counting what the "
                     f"running server frees) minus SGLang's {SGLANG_HOST_RAM_MARGIN / GiB:.0f} GiB "
                     f"margin = {max(0, budget) / GB:.1f} GB; lower {lever}",

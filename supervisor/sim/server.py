@@ -59,6 +59,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from supervisor import planner
+from supervisor.layout import Layout
 from supervisor.planner import ModelSpec
 from supervisor.schema import BUNDLED_VERSION, FlagSchema, FlagSpec, load_bundled
 from supervisor.sim import capacity
@@ -201,8 +202,12 @@ class ServerConfig:
     context_length: int
 
     @property
+    def layout(self) -> Layout:
+        return Layout.of(self.args)
+
+    @property
     def num_ranks(self) -> int:
-        return self.tp_size * self.dp_size * self.pp_size
+        return self.layout.ranks
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> ServerConfig:
@@ -663,7 +668,7 @@ class Launcher:
     def _check_gpus(self) -> None:
         """Every rank needs its own visible GPU, as SGLang's ranks do."""
         cfg, visible = self.cfg, self.env.visible_gpus
-        last = cfg.base_gpu_id + (cfg.num_ranks - 1) * cfg.gpu_id_step
+        last = cfg.layout.gpus_needed - 1
         unknown = [g for g in visible if sim_gpu_index(g) is None]
         if unknown:
             raise ServerFailure(
@@ -696,7 +701,7 @@ class Launcher:
         self.env.registry.mkdir(parents=True, exist_ok=True)
         plan: list[tuple[str, list[str]]] = []
         for r in range(self.cfg.num_ranks):
-            gpu = self.env.visible_gpus[self.cfg.base_gpu_id + r * self.cfg.gpu_id_step]
+            gpu = self.env.visible_gpus[self.cfg.layout.gpu_ids[r]]
             plan.append(
                 (f"TP{r}", ["--rank", str(r), "--gpu-uuid", gpu, "--bytes", str(self.rank_bytes)])
             )

@@ -400,7 +400,7 @@ def test_proposal_never_exceeds_host_ram_or_the_safe_fraction(args: tuple[Any, .
     # Never more pinned host memory than is available after SGLang's margin: the same
     # computation preflight refuses with.
     per_rank = preflight.host_pool_bytes_per_rank(proposed, gpu_bytes)
-    ranks = preflight.gpus_needed(proposed)
+    ranks = preflight.ranks(proposed)
     assert per_rank * ranks <= max(0, ram - preflight.SGLANG_HOST_RAM_MARGIN)
     assert plan.proposed.host_ram_needed_bytes <= max(0, ram - preflight.SGLANG_HOST_RAM_MARGIN)
     # Valid flags of the bundled SGLang 0.5.23.
