@@ -2,12 +2,15 @@
 # Check the deployment assets with the tools that will read them:
 #   promtool check config   deploy/prometheus/prometheus.yml (+ the rule file it loads)
 #   promtool check rules    deploy/prometheus/alerts.yml
-#   promtool test rules     deploy/prometheus/alerts_test.yml (alerts fire when they should)
+#   promtool test rules     deploy/prometheus/alerts_test.yml (alerts fire when they should,
+#                           and the incident scenarios page once, or not at all)
+#   amtool check-config     deploy/prometheus/alertmanager.example.yml (routing, inhibitions)
 #   systemd-analyze verify  systemd/sglang-supervisor.service, with and without the drop-in
 # That every metric the alerts and the dashboard use is one the daemon exports is checked
 # by tests/integration/test_deploy.py (it needs a running daemon).
 #
-# promtool comes from Debian's `prometheus` package, systemd-analyze from `systemd`. When
+# promtool comes from Debian's `prometheus` package, amtool from `prometheus-alertmanager`,
+# systemd-analyze from `systemd`. When
 # one is missing the script installs it with apt-get if it runs as root, fails under CI=true
 # otherwise, and skips (exit 0, saying so) for a developer without root. Note: on a host
 # booted with systemd, installing Debian's prometheus package also starts a Prometheus
@@ -17,6 +20,7 @@ cd "$(dirname "$0")/.."
 
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v amtool >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -27,11 +31,11 @@ if ((${#missing[@]})); then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     echo "   installed in $((SECONDS - started)) s"
   elif [ "${CI:-}" = true ]; then
-    echo "check-deploy: FAILED: promtool/systemd-analyze missing (Debian packages:" \
+    echo "check-deploy: FAILED: promtool/amtool/systemd-analyze missing (Debian packages:" \
       "${missing[*]}) and they cannot be installed here (needs root and apt-get)" >&2
     exit 1
   else
-    echo "check-deploy: SKIPPED: needs promtool and systemd-analyze; install the Debian" \
+    echo "check-deploy: SKIPPED: needs promtool, amtool and systemd-analyze; install the Debian" \
       "packages (apt-get install ${missing[*]}) or run this script as root" >&2
     exit 0
   fi
@@ -60,6 +64,9 @@ promtool check rules deploy/prometheus/alerts.yml
 
 echo "== promtool test rules deploy/prometheus/alerts_test.yml"
 promtool test rules deploy/prometheus/alerts_test.yml
+
+echo "== amtool check-config deploy/prometheus/alertmanager.example.yml"
+amtool check-config deploy/prometheus/alertmanager.example.yml
 
 echo "== PromQL of deploy/grafana/sglang-supervisor.json (as recording rules, promtool check rules)"
 # Grafana's variables replaced by values of the same kind, each panel query becomes a

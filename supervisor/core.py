@@ -43,6 +43,7 @@ from supervisor.levers import (
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation, wall_iso
 from supervisor.process import TeardownReport
 from supervisor.schema import FlagSchema
+from supervisor.serverenv import server_environ
 from supervisor.sglang_parser import (
     LoadedSchema,
     ParserUnavailable,
@@ -906,7 +907,7 @@ class Supervisor:
         return [*self.backend.command, *self._flags(levers)]
 
     def _env(self, levers: LeverSet) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SUPERVISOR_")}
+        env = server_environ(os.environ, self.settings.state_dir)
         env.update(self.backend.env)
         env.update(levers.env)
         env.update(cuda_visible_devices(self.managed)[1])

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -20,6 +20,7 @@ from supervisor.gpu import GpuQueryError
 from supervisor.operations import OUTCOMES, Operation
 from supervisor.phases import TIMED_PHASES, OpKind, base_phase
 from supervisor.states import ServerState
+from supervisor.version import python_version, version
 
 if TYPE_CHECKING:
     from supervisor.core import Supervisor
@@ -81,6 +82,7 @@ class _Collector(Collector):
             for outcome in OUTCOMES:
                 ops.add_metric([kind, outcome], float(counts.get((kind, outcome), 0)))
         yield ops
+        yield self._operation_running()
         if sup.last_apply_success_time is not None:
             yield GaugeMetricFamily(
                 f"{PREFIX}_last_successful_apply_timestamp_seconds",
@@ -89,6 +91,21 @@ class _Collector(Collector):
             )
         yield from self._gpus()
         yield from self._server()
+
+    def _operation_running(self) -> Metric:
+        """1 for the kind of the operation running now (a dry run is not one): alerts on
+        a server that is down leave out planned work (apply, start, restart, stop)."""
+        op = self.sup.operation
+        running = GaugeMetricFamily(
+            f"{PREFIX}_operation_running",
+            "1 while an operation of this kind runs (apply, stop, start, restart are an "
+            "operator's; recover restarts a crashed server; shutdown is the daemon's exit)",
+            labels=["kind"],
+        )
+        busy = op is not None and not op.finished and not op.dry_run
+        for kind in OPERATION_KINDS:
+            running.add_metric([kind], 1.0 if busy and op is not None and op.kind == kind else 0.0)
+        return running
 
     def _gpus(self) -> Iterator[Metric]:
         sup = self.sup
@@ -184,6 +201,14 @@ class _Collector(Collector):
         )
 
 
+class _Constant(Collector):
+    def __init__(self, metric: Metric) -> None:
+        self.metric = metric
+
+    def collect(self) -> Iterator[Metric]:
+        yield self.metric
+
+
 class SupervisorMetrics:
     """The registry of one supervisor; hooks itself onto the supervisor's operation ends."""
 
@@ -204,6 +229,15 @@ class SupervisorMetrics:
             registry=self.registry,
         )
         self.registry.register(_Collector(sup))
+        build = GaugeMetricFamily(
+            f"{PREFIX}_build_info",
+            "Always 1; the daemon's version and Python in the labels",
+            labels=["version", "python_version"],
+        )
+        build.add_metric([version(), python_version()], 1.0)
+        self.registry.register(_Constant(build))
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds...
+        ProcessCollector(registry=self.registry)
         sup.on_operation_end.append(self.observe)
 
     def observe(self, op: Operation) -> None:

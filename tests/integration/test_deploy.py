@@ -248,3 +248,56 @@ def test_dashboard_is_grafana_json_on_a_datasource_variable() -> None:
         for target in panel.get("targets", []):
             assert target["datasource"]["uid"] == "${datasource}", panel["title"]
             assert 'instance=~"$instance"' in target["expr"], panel["title"]
+
+
+# ------------------------------------------------------------------ alerts and runbooks
+
+ALERTS_TEST = ROOT / "deploy" / "prometheus" / "alerts_test.yml"
+RUNBOOKS = ROOT / "docs" / "runbooks.md"
+_ALERT = re.compile(r"^\s*- alert: (\w+)\s*$", re.M)
+
+
+def alert_blocks() -> dict[str, str]:
+    """Each alert rule's text, by alert name."""
+    text = ALERTS.read_text()
+    starts = [(m.group(1), m.start()) for m in _ALERT.finditer(text)]
+    ends = [s for _, s in starts[1:]] + [len(text)]
+    return {name: text[start:end] for (name, start), end in zip(starts, ends, strict=True)}
+
+
+def test_every_alert_has_a_severity_and_a_runbook_section() -> None:
+    blocks = alert_blocks()
+    assert len(blocks) >= 14, sorted(blocks)
+    headings = {
+        line[3:].strip().lower()
+        for line in RUNBOOKS.read_text().splitlines()
+        if line.startswith("## ")
+    }
+    for name, block in blocks.items():
+        assert re.search(r"severity: (critical|warning)\b", block), name
+        m = re.search(r"runbook_url: (\S+)", block)
+        assert m, f"{name} has no runbook_url"
+        url = m.group(1)
+        assert url.split("#")[0].endswith("/docs/runbooks.md"), url
+        # GitHub's anchor of "## SglangServerDown" is #sglangserverdown.
+        assert url.split("#")[1] == name.lower(), url
+        assert name.lower() in headings, f"docs/runbooks.md has no section for {name}"
+
+
+def test_every_incident_scenario_takes_a_position_on_every_alert() -> None:
+    """promtool runs alerts_test.yml (scripts/check-deploy.sh); here: the tests named
+    "scenario ..." list every alert at each of their eval times, so an alert added later
+    cannot page during, say, a planned apply without a scenario failing."""
+    alerts = set(alert_blocks())
+    text = ALERTS_TEST.read_text()
+    scenarios = re.split(r"^- name: ", text, flags=re.M)[1:]
+    named = [s for s in scenarios if s.startswith(("scenario", "'scenario", '"scenario'))]
+    assert len(named) >= 6, [s.splitlines()[0] for s in scenarios]
+    for block in named:
+        title = block.splitlines()[0]
+        times = set(re.findall(r"eval_time: (\S+)", block))
+        assert times, title
+        for t in times:
+            parts = block.split(f"eval_time: {t}\n")[1:]
+            listed = {re.search(r"alertname: (\w+)", p).group(1) for p in parts}  # type: ignore[union-attr]
+            assert listed == alerts, f"{title} at {t}: missing {sorted(alerts - listed)}"
