@@ -21,9 +21,12 @@ from typing import Any
 import httpx
 import pytest
 
-from api.cli import build_parser, lever_changes_from_args, parse_value
-from api.client import Client, Unauthorized
-from api.follow import SeqFilter, new_lines
+from api.cli.client import Client, Unauthorized
+from api.cli.event_stream import open_event_stream
+from api.cli.follow import SeqFilter
+from api.cli.levers_input import lever_changes_from_args, parse_value
+from api.cli.main import build_parser
+from api.cli.server_log import new_lines
 from tests.helpers import Daemon, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -422,7 +425,7 @@ def test_client_sends_the_bearer_token_and_reads_server_sent_events() -> None:
     with Client("127.0.0.1:9", token=TOKEN, transport=transport) as c:
         assert c.url == "http://127.0.0.1:9"
         assert c.status() == {"state": "ready"}
-        with c.events() as stream:
+        with open_event_stream(c) as stream:
             assert [e["kind"] for e in stream] == ["transition", "phase"]
     assert seen == [f"Bearer {TOKEN}"] * 2
     with Client("http://127.0.0.1:9", transport=transport) as c, pytest.raises(Unauthorized):
@@ -430,7 +433,7 @@ def test_client_sends_the_bearer_token_and_reads_server_sent_events() -> None:
 
 
 def test_probe_lines_are_not_shown_as_the_servers_log() -> None:
-    from api.follow import is_probe_noise
+    from api.cli.server_log import is_probe_noise
 
     assert is_probe_noise('[t] INFO:     127.0.0.1:1 - "GET /health_generate HTTP/1.1" 503 X')
     assert not is_probe_noise("[t TP0] torch.OutOfMemoryError: CUDA out of memory.")

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.cli import build_parser
+from api.cli.main import build_parser
 from supervisor.config import (
     ApiSettings,
     ServerSettings,

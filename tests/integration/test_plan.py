@@ -4,6 +4,7 @@ predicted amount, and under a KV-bound synthetic load the queue shrinks afterwar
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import tomllib
@@ -13,7 +14,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.cli_plan import add_plan_parser, run_plan
+from api.cli.plan import add_plan_parser, run_plan
 from supervisor import planner
 from tests.helpers import Daemon, wait_until, write_toml
 
@@ -54,7 +55,8 @@ def plan_cli(*argv: str) -> tuple[int, str, str]:
     parser = argparse.ArgumentParser()
     add_plan_parser(parser.add_subparsers(dest="command"))
     out, err = io.StringIO(), io.StringIO()
-    code = run_plan(parser.parse_args(["plan", *argv]), out, err)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_plan(parser.parse_args(["plan", *argv]))
     return code, out.getvalue(), err.getvalue()
 
 

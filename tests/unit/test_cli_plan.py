@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 from pathlib import Path
 
-from api.cli_plan import add_plan_parser, run_plan
+from api.cli.plan import add_plan_parser, run_plan
 from tests.helpers import free_port
 
 LLAMA_31_8B = {
@@ -26,7 +27,8 @@ def plan(*argv: str) -> tuple[int, str, str]:
     parser = argparse.ArgumentParser()
     add_plan_parser(parser.add_subparsers(dest="command"))
     out, err = io.StringIO(), io.StringIO()
-    code = run_plan(parser.parse_args(["plan", *argv]), out, err)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_plan(parser.parse_args(["plan", *argv]))
     return code, out.getvalue(), err.getvalue()
 
 

@@ -20,9 +20,21 @@ from typing import Any
 
 from supervisor.config import instance_name, load_settings
 
+DESCRIPTION = (
+    "Stop every process carrying this instance's launch tag (the SGLang server a daemon "
+    "left running) and verify nothing of it is left. Meant for systemd's ExecStopPost= in "
+    "the keep-server drop-in; with --only-if-stopped it does nothing while systemd restarts "
+    "the service or after a failure (the next daemon adopts the server). Exit 0 nothing of "
+    "the instance is left (or skipped), 1 something is, 2 a bad configuration."
+)
+
 
 def add_cleanup_parser(sub: Any) -> None:
-    p = sub.add_parser("cleanup", help="stop every process of this instance (ExecStopPost)")
+    p = sub.add_parser(
+        "cleanup",
+        help="stop every process of this instance (ExecStopPost)",
+        description=DESCRIPTION,
+    )
     p.add_argument("--config", type=Path, help="the daemon's TOML config (instance, timeouts)")
     p.add_argument(
         "--only-if-stopped",

@@ -1,4 +1,4 @@
-"""A small typed client of the daemon's control API (what the CLI talks through).
+"""The one HTTP client of the daemon's control API: every CLI command talks through it.
 
 Every failure becomes a ``ClientError`` whose ``str()`` is one line saying what happened
 and what the operator can do: the daemon unreachable (``Unreachable``), a lever set
@@ -9,10 +9,8 @@ leaves this module.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -23,6 +21,8 @@ from api.auth import TOKEN_ENV
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 URL_ENV = "SGLANG_SUPERVISOR_URL"
+#: How long a call with ``?wait=true`` may take: a restart loads a model (minutes).
+OPERATION_WAIT_S = 3600.0
 
 Json = dict[str, Any]
 
@@ -172,7 +172,7 @@ class Client:
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._token = token
         try:
-            self._http = httpx.Client(
+            self.http = httpx.Client(
                 base_url=self.url,
                 headers=headers,
                 timeout=self._timeout,
@@ -189,11 +189,12 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._http.close()
+        self.http.close()
 
     # ------------------------------------------------------------ plumbing
 
-    def _transport_error(self, exc: Exception) -> ClientError:
+    def transport_error(self, exc: Exception) -> ClientError:
+        """The ``ClientError`` for an httpx transport failure (never raises)."""
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
             return Unreachable(
                 f"cannot reach the daemon at {self.url} ({_reason(exc)}); is it running? "
@@ -205,7 +206,9 @@ class Client:
             return Unreachable(f"invalid daemon URL {self.url!r}: use http://HOST:PORT")
         return Unreachable(f"talking to the daemon at {self.url} failed: {_reason(exc)}")
 
-    def _raise_for_status(self, r: httpx.Response) -> None:
+    def raise_for_status(self, r: httpx.Response) -> None:
+        """Raise the ``HttpError`` subclass of an error answer (4xx/5xx); the one mapping of
+        the daemon's answers to errors."""
         if r.status_code < 400:
             return
         try:
@@ -248,10 +251,10 @@ class Client:
     ) -> httpx.Response:
         timeout = self._timeout if timeout_s is None else httpx.Timeout(timeout_s, connect=5.0)
         try:
-            r = self._http.request(method, path, params=params, json=json_body, timeout=timeout)
+            r = self.http.request(method, path, params=params, json=json_body, timeout=timeout)
         except httpx.HTTPError as exc:
-            raise self._transport_error(exc) from exc
-        self._raise_for_status(r)
+            raise self.transport_error(exc) from exc
+        self.raise_for_status(r)
         return r
 
     def _json(self, method: str, path: str, **kw: Any) -> Json:
@@ -303,12 +306,19 @@ class Client:
             "dry_run": dry_run,
             "drain_timeout_s": drain_timeout_s,
         }
+        return self.apply_body(body, wait=wait)
+
+    def apply_body(self, body: Mapping[str, Any], *, wait: bool = False) -> Json:
+        """``POST /levers`` with a whole request body (as ``POST /plan`` proposes one).
+
+        Raises ``Invalid`` (422, nothing touched) or ``Busy`` (409).
+        """
         data = self._json(
             "POST",
             "/levers",
             params={"wait": "true" if wait else "false"},
-            json_body=body,
-            timeout_s=None if not wait else 3600.0,
+            json_body=dict(body),
+            timeout_s=None if not wait else OPERATION_WAIT_S,
         )
         return dict(data["operation"])
 
@@ -320,7 +330,7 @@ class Client:
             "POST",
             f"/{kind}",
             params={"wait": "true" if wait else "false"},
-            timeout_s=None if not wait else 3600.0,
+            timeout_s=None if not wait else OPERATION_WAIT_S,
         )
         return dict(data["operation"])
 
@@ -334,98 +344,9 @@ class Client:
         text = r.text
         return LogText(text.splitlines(), r.headers.get("x-log-path"))
 
-    def events(self, *, replay: bool = False, read_timeout_s: float | None = 60.0) -> EventStream:
-        """Open ``GET /events`` (server-sent events). Raises ``StreamUnavailable``."""
-        stream = EventStream(self, replay=replay, read_timeout_s=read_timeout_s)
-        stream.open()
-        return stream
+    def plan(self, body: Mapping[str, Any]) -> Json:
+        """``POST /plan``: KV capacity now and with every helpful lever pulled.
 
-
-class EventStream:
-    """An open ``GET /events`` stream; iterate for event dicts, ``close()`` to end it.
-
-    The daemon sends ``data: <json>`` blocks ended by a blank line (plus ``event:``
-    lines and ``:`` comments, which are skipped). Iteration ends when the daemon closes
-    the stream; a broken connection raises ``ClientError``.
-    """
-
-    def __init__(self, client: Client, *, replay: bool, read_timeout_s: float | None) -> None:
-        self._client = client
-        self._replay = replay
-        self._timeout = httpx.Timeout(10.0, read=read_timeout_s)
-        self._response: httpx.Response | None = None
-
-    def open(self) -> None:
-        c = self._client
-        params = {"replay": "true"} if self._replay else None
-        try:
-            request = c._http.build_request("GET", "/events", params=params, timeout=self._timeout)
-            request.headers["Accept"] = "text/event-stream"
-            response = c._http.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise c._transport_error(exc) from exc
-        kind = response.headers.get("content-type", "")
-        if response.status_code != 200 or not kind.startswith("text/event-stream"):
-            try:
-                response.read()
-                c._raise_for_status(response)
-            except httpx.HTTPError:
-                pass
-            except NotFound as exc:
-                raise StreamUnavailable(str(exc)) from exc
-            finally:
-                response.close()
-            raise StreamUnavailable(
-                f"GET /events answered {response.status_code} {kind or 'without a content type'}"
-            )
-        self._response = response
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """End the stream (also from another thread: the blocked reader then stops)."""
-        response, self._response = self._response, None
-        if response is not None:
-            with contextlib.suppress(httpx.HTTPError, OSError, RuntimeError):
-                response.close()
-
-    def __iter__(self) -> Iterator[Json]:
-        response = self._response
-        if response is None:
-            return
-        data: list[str] = []
-        try:
-            for line in response.iter_lines():
-                if not line:
-                    if data:
-                        event = _decode_event("\n".join(data))
-                        data = []
-                        if event is not None:
-                            yield event
-                    continue
-                if line.startswith(":"):
-                    continue
-                field, _, value = line.partition(":")
-                if field == "data":
-                    data.append(value[1:] if value.startswith(" ") else value)
-        except httpx.HTTPError as exc:
-            if self._response is None:  # closed on purpose
-                return
-            raise ClientError(f"the event stream from {self._client.url} broke: {exc}") from exc
-        except (AttributeError, RuntimeError, OSError) as exc:
-            # A close() from another thread can surface as almost anything in the reader.
-            if self._response is None:
-                return
-            raise ClientError(f"the event stream from {self._client.url} broke: {exc}") from exc
-
-
-def _decode_event(text: str) -> Json | None:
-    try:
-        event = json.loads(text)
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) else None
+        Raises ``Invalid`` (422) when the inputs cannot be planned for.
+        """
+        return self._json("POST", "/plan", json_body=dict(body), timeout_s=120.0)

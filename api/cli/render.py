@@ -1,4 +1,4 @@
-"""Text rendering for the CLI: tables, sizes, durations, phases, events. ASCII only.
+"""The CLI's views of the daemon's JSON: status, levers, the lever schema. ASCII only.
 
 Everything here is a pure function of the daemon's JSON, so it is easy to test and
 never talks to the network.
@@ -6,95 +6,14 @@ never talks to the network.
 
 from __future__ import annotations
 
-import shutil
 import textwrap
-import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from supervisor.units import GiB
+from api.cli.text import clip, clock, duration, gib, table, terminal_width, value
 
 Json = dict[str, Any]
-
-
-def terminal_width(default: int = 100) -> int:
-    """The terminal's width (``default`` when not a terminal), at least 60."""
-    return max(60, shutil.get_terminal_size((default, 24)).columns)
-
-
-def clip(text: str, width: int) -> str:
-    """``text`` on one line, cut to ``width`` characters with ``...`` when longer."""
-    text = text.replace("\n", " ").replace("\r", " ")
-    return text if len(text) <= width else text[: max(0, width - 3)] + "..."
-
-
-def gib(n: int | float | None) -> str:
-    """Bytes as GiB with one decimal (``-`` when unknown)."""
-    return "-" if n is None else f"{n / GiB:.1f} GiB"
-
-
-def duration(seconds: float | None) -> str:
-    """``0.42s``, ``12.3s``, ``4m05s``, ``2h03m``, ``3d04h``."""
-    if seconds is None:
-        return "-"
-    s = float(seconds)
-    if s < 10:
-        return f"{s:.2f}s"
-    if s < 60:
-        return f"{s:.1f}s"
-    m, sec = divmod(int(s), 60)
-    if m < 60:
-        return f"{m}m{sec:02d}s"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"{h}h{m:02d}m"
-    d, h = divmod(h, 24)
-    return f"{d}d{h:02d}h"
-
-
-def value(v: Any) -> str:
-    """A lever value as an operator would type it (``-`` when unset)."""
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (list, tuple)):
-        return " ".join(value(x) for x in v)
-    return str(v)
-
-
-def clock(iso: str | None) -> str:
-    """An ISO timestamp from the daemon as local ``YYYY-MM-DD HH:MM:SS``."""
-    if not iso:
-        return "-"
-    try:
-        return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%d %H:%M:%S")
-    except ValueError:
-        return iso
-
-
-def epoch_clock(ts: float | None) -> str:
-    """A Unix time as local ``HH:MM:SS.mmm``."""
-    t = time.time() if ts is None else float(ts)
-    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
-
-
-def table(
-    rows: Sequence[Sequence[str]], header: Sequence[str] | None = None, indent: int = 0
-) -> str:
-    """Left-aligned columns separated by two spaces; trailing spaces removed."""
-    all_rows = [list(header)] if header else []
-    all_rows += [list(r) for r in rows]
-    if not all_rows:
-        return ""
-    ncol = max(len(r) for r in all_rows)
-    for r in all_rows:
-        r += [""] * (ncol - len(r))
-    widths = [max(len(r[i]) for r in all_rows) for i in range(ncol)]
-    pad = " " * indent
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in all_rows]
-    return "\n".join(pad + line.rstrip() for line in lines)
 
 
 # ----------------------------------------------------------------- levers
@@ -357,81 +276,3 @@ def render_schema(data: Json, word: str | None) -> str:
                 textwrap.fill(help_text, width, initial_indent="    ", subsequent_indent="    ")
             )
     return "\n".join(out)
-
-
-# ------------------------------------------------------------- operations
-
-
-def _stamp(elapsed_s: float) -> str:
-    """``  +1.23s``: time since the operation was submitted, right-aligned."""
-    return f"+{elapsed_s:.2f}s".rjust(8)
-
-
-def phase_line(phase: Mapping[str, Any], elapsed_s: float, *, started: bool = False) -> str:
-    """One line per phase start (``started``) or end: elapsed, name, state, time, detail."""
-    name = str(phase.get("name"))
-    stamp = _stamp(elapsed_s)
-    if started:
-        return f"  {stamp}  {name:<17} started"
-    state = str(phase.get("state"))
-    took = duration(phase.get("duration_s"))
-    detail = str(phase.get("detail") or "")
-    line = f"  {stamp}  {name:<17} {state:<10} {took:>7}"
-    return f"{line}  {detail}" if detail else line
-
-
-def memory_line(gpus: Sequence[Mapping[str, Any]], elapsed_s: float) -> str:
-    """Per-GPU memory in use during release: ``0:117.3 1:117.3 ... GiB``."""
-    parts = " ".join(
-        f"{g.get('index')}:{int(g.get('memory_used_bytes') or 0) / GiB:.1f}" for g in gpus
-    )
-    return f"  {_stamp(elapsed_s)}    gpu memory used (GiB)  {parts}"
-
-
-def log_line(line: str, width: int) -> str:
-    """A server log line, indented under the phase it belongs to."""
-    return clip("      | " + line, width)
-
-
-# ----------------------------------------------------------------- events
-
-
-def _kv(event: Mapping[str, Any], skip: set[str]) -> str:
-    parts = []
-    for k, v in event.items():
-        if k in skip:
-            continue
-        if isinstance(v, (dict, list)):
-            continue
-        if isinstance(v, float):
-            v = round(v, 3)
-        parts.append(f"{k}={value(v)}")
-    return " ".join(parts)
-
-
-def render_event(event: Mapping[str, Any], width: int | None = None) -> str:
-    """One line per event of ``GET /events``."""
-    kind = str(event.get("kind"))
-    stamp = epoch_clock(event.get("time"))
-    base = {"seq", "time", "kind"}
-    if kind == "transition":
-        body = f"{event.get('old')} -> {event.get('new')} ({event.get('reason')})"
-    elif kind == "phase":
-        body = f"{event.get('operation')} {event.get('op_kind')} {event.get('name')} "
-        if event.get("state") == "running":
-            body += "started"
-        else:
-            body += f"{event.get('state')} {duration(event.get('duration_s'))}"
-            if event.get("detail"):
-                body += f": {event['detail']}"
-    elif kind == "operation":
-        body = f"{event.get('id')} {event.get('op_kind')} {event.get('state')}"
-    elif kind == "release_sample":
-        gpus = event.get("gpus") or []
-        body = f"{event.get('operation')} GiB used " + " ".join(
-            f"{g.get('index')}:{int(g.get('memory_used_bytes') or 0) / GiB:.1f}" for g in gpus
-        )
-    else:
-        body = _kv(event, base)
-    line = f"{stamp}  {kind:<15} {body}"
-    return clip(line, width) if width else line

@@ -13,28 +13,18 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from api import render
-from api.client import Client, ClientError, EventStream, Json, NotFound
+from api.cli import render_live
+from api.cli.client import Client, ClientError, Json
+from api.cli.event_stream import EventStream, open_event_stream
+from api.cli.server_log import ServerLogTail
 
 Emit = Callable[[str], None]
 
 #: Sentinel the event pump puts on the queue when the stream ends or breaks.
 _END: Json = {"kind": "__end__"}
-
-
-def new_lines(previous: Sequence[str], current: Sequence[str]) -> list[str]:
-    """The lines of ``current`` after the longest overlap of ``previous``'s end with its
-    start: what a ``tail`` gained since the last look (all of it when nothing overlaps)."""
-    if not previous:
-        return list(current)
-    last = previous[-1]
-    for k in range(min(len(previous), len(current)), 0, -1):
-        if current[k - 1] == last and list(previous[-k:]) == list(current[:k]):
-            return list(current[k:])
-    return list(current)
 
 
 class SeqFilter:
@@ -74,94 +64,6 @@ class _EventPump(threading.Thread):
             pass
         finally:
             self.out.put(_END)
-
-
-class ServerLogTail:
-    """The new server's log during a start phase, from ``GET /logs`` (when the daemon has it).
-
-    Logs of earlier launches are never shown as the new one's: paths seen before the start
-    phase began are remembered as stale, and the path the ``launch`` event names wins.
-    """
-
-    def __init__(self, client: Client, emit: Emit, *, tail: int = 40) -> None:
-        self.client = client
-        self.emit = emit
-        self.tail = tail
-        self.enabled = True
-        self.active = False
-        self.stale: set[str] = set()
-        self.want: str | None = None
-        self._path: str | None = None
-        self._seen: list[str] = []
-        self.width = render.terminal_width()
-        #: How many log lines were shown live (all launches).
-        self.shown = 0
-
-    def remember_current(self) -> None:
-        """Note the newest launch's log as not-the-new-one (call before the operation)."""
-        text = self._fetch(0)
-        if text is not None and text.path:
-            self.stale.add(text.path)
-
-    def _fetch(self, launch: int) -> Any:
-        if not self.enabled:
-            return None
-        try:
-            return self.client.logs(self.tail, launch)
-        except NotFound as exc:
-            if exc.endpoint_missing:
-                self.enabled = False  # an older daemon: no live log, nothing else lost
-            return None
-        except ClientError:
-            return None
-
-    def begin(self) -> None:
-        self.active = True
-        self._seen = []
-        self._path = None
-
-    def launched(self, log_path: str | None) -> None:
-        """The ``launch`` event named the new server's log file."""
-        self.want = log_path
-
-    def poll(self) -> None:
-        if not (self.active and self.enabled):
-            return
-        for launch in (0, 1):
-            text = self._fetch(launch)
-            if text is None:
-                return
-            path = text.path
-            if path is not None and (path in self.stale or (self.want and path != self.want)):
-                if self.want is None:
-                    return  # the new launch has not written a log yet
-                continue
-            if path != self._path:
-                self._path, self._seen = path, []
-            for line in new_lines(self._seen, text.lines):
-                if is_probe_noise(line):
-                    continue
-                self.emit(render.log_line(line, self.width))
-                self.shown += 1
-            self._seen = list(text.lines)
-            return
-
-    def end(self) -> None:
-        """The start phase ended: show what it logged last, then stop."""
-        if self.active:
-            self.poll()
-            if self._path:
-                self.stale.add(self._path)
-        self.active = False
-        self.want = None
-
-
-_PROBES = ('"GET /health_generate ', '"GET /health ', '"GET /get_server_info ', '"GET /metrics ')
-
-
-def is_probe_noise(line: str) -> bool:
-    """An access-log line of the supervisor's own readiness/telemetry probes: not shown."""
-    return any(p in line for p in _PROBES)
 
 
 class OperationFollower:
@@ -227,7 +129,7 @@ class OperationFollower:
     def _open_stream(self) -> None:
         self._reopen_at = None
         try:
-            self._stream = self.client.events(replay=True)
+            self._stream = open_event_stream(self.client, replay=True)
         except ClientError:
             self._stream = None
         else:
@@ -338,7 +240,7 @@ class OperationFollower:
             return  # nothing moved: say it once
         self._last_sample = used
         self._last_sample_at = time.monotonic()
-        self.emit(render.memory_line(sample.get("gpus") or [], self._elapsed()))
+        self.emit(render_live.memory_line(sample.get("gpus") or [], self._elapsed()))
 
     def _render(self, op: Json) -> None:
         for phase in op.get("phases") or []:
@@ -347,7 +249,7 @@ class OperationFollower:
             running = phase.get("state") == "running"
             if running and key not in self._started:
                 self._started.add(key)
-                self.emit(render.phase_line(phase, self._elapsed(), started=True))
+                self.emit(render_live.phase_line(phase, self._elapsed(), started=True))
                 if name.endswith("start"):
                     self.logs.begin()
                     self.logs.poll()
@@ -360,4 +262,4 @@ class OperationFollower:
                 if name.endswith("start"):
                     with contextlib.suppress(ClientError):
                         self.logs.end()
-                self.emit(render.phase_line(phase, self._elapsed()))
+                self.emit(render_live.phase_line(phase, self._elapsed()))

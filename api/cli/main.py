@@ -1,0 +1,147 @@
+"""The ``sglang-supervisor`` command: ``serve`` runs the daemon; the rest talk to one.
+
+Client commands share ``--url`` (default ``$SGLANG_SUPERVISOR_URL`` or
+http://127.0.0.1:8470), ``--token`` / ``--token-file`` (default
+``$SGLANG_SUPERVISOR_TOKEN``, sent as ``Authorization: Bearer``) and ``--json`` (the
+daemon's JSON on stdout, nothing else). Exit codes (``api.cli.exits``): 0 done; 1 the
+daemon unreachable or another error; 2 refused (invalid levers, bad usage); 3 the change
+rolled back; 4 the operation failed; 5 another operation is running; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from api.cli.cleanup import add_cleanup_parser, run_cleanup
+from api.cli.exits import EPILOG, EXIT_ERROR
+from api.cli.inspect_commands import cmd_events, cmd_levers, cmd_logs, cmd_schema, cmd_status
+from api.cli.operation_commands import cmd_apply, cmd_control
+from api.cli.options import add_client_options, add_follow_options
+from api.cli.plan import add_plan_parser, run_plan
+from api.cli.runner import ClientCommand, run_client_command
+from api.cli.serve import add_serve_parser, run_serve
+
+
+def _client_parser(
+    sub: Any,
+    name: str,
+    func: ClientCommand,
+    help_text: str,
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        name, help=help_text, description=description or (func.__doc__ or help_text).strip()
+    )
+    p.set_defaults(func=func)
+    add_client_options(p)
+    return p
+
+
+def _apply_parser(sub: Any) -> None:
+    p = _client_parser(sub, "apply", cmd_apply, "change levers: validate, restart, roll back")
+    p.add_argument(
+        "--set",
+        dest="set_",
+        action="append",
+        default=[],
+        metavar="LEVER=VALUE",
+        help="a lever (SGLang flag dest name); VALUE reads like TOML: true, 0.9, 8, "
+        '"quoted string", [1, 2]; anything else is a string',
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable of the server (NCCL_*, SGLANG_*, CUDA_*, ...)",
+    )
+    p.add_argument(
+        "--unset",
+        action="append",
+        default=[],
+        metavar="LEVER",
+        help="remove a lever (back to SGLang's default); env.NAME removes an env var",
+    )
+    p.add_argument(
+        "--file", type=Path, help="a TOML file with [levers] and [env] tables (--set wins)"
+    )
+    p.add_argument(
+        "--replace", action="store_true", help="the given set replaces the current one entirely"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="validate and preflight only; touch nothing"
+    )
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="first wait up to S seconds for running and queued requests to finish",
+    )
+    add_follow_options(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sglang-supervisor",
+        description="Own an SGLang server; change its launch flags safely.",
+        epilog=EPILOG,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_serve_parser(sub)
+    _client_parser(sub, "status", cmd_status, "the server's state, levers, GPUs and load")
+    _client_parser(sub, "levers", cmd_levers, "current levers beside the last-good ones")
+    _apply_parser(sub)
+    for name, text in (
+        ("stop", "stop the server: SIGTERM, SIGKILL after the grace, verify GPUs released"),
+        ("start", "start the server with the current levers"),
+        ("restart", "stop, verify GPUs released, start with the same levers"),
+    ):
+        described = f"{text[0].upper()}{text[1:]}; each phase is shown as it happens. " + (
+            "Exit 0 succeeded, 4 failed, 5 busy (another operation runs)."
+        )
+        add_follow_options(_client_parser(sub, name, cmd_control, text, described))
+
+    p = _client_parser(sub, "logs", cmd_logs, "the server's log (one file per launch)")
+    p.add_argument("-n", "--lines", type=int, default=100, metavar="N", help="last N lines")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    p.add_argument(
+        "--launch", type=int, default=0, metavar="K", help="0 = current launch, 1 = previous..."
+    )
+
+    p = _client_parser(sub, "schema", cmd_schema, "the installed SGLang's flags")
+    p.add_argument("word", nargs="?", help="only flags whose name or help mention WORD")
+
+    p = _client_parser(sub, "events", cmd_events, "print the daemon's event stream")
+    p.add_argument("--replay", action="store_true", help="start with the recent history")
+
+    add_plan_parser(sub)
+    add_cleanup_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return run_serve(args)
+    if args.command == "cleanup":
+        return run_cleanup(args)
+    try:
+        if args.command == "plan":
+            return run_plan(args)
+        return run_client_command(args, args.func)
+    except BrokenPipeError:
+        # stdout closed early (`| head`): stop quietly, and keep Python from complaining
+        # about the flush at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Commands that start an operation and follow it live: apply, stop, start, restart."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+
+from api.cli.client import Client, ClientError, Json
+from api.cli.exits import EXIT_INTERRUPTED, EXIT_OK, UsageError, outcome_exit
+from api.cli.follow import OperationFollower
+from api.cli.levers_input import lever_changes_from_args
+from api.cli.output import err, out, print_json
+from api.cli.render import lever_changes
+from api.cli.render_live import log_line, phase_line
+from api.cli.text import duration, terminal_width
+
+
+def cmd_apply(args: argparse.Namespace, client: Client) -> int:
+    """Apply a lever change: the daemon validates it with SGLang's parser, checks the
+    resources, stops the server, verifies the GPUs released, starts it with the new
+    levers and commits them, or rolls back to the last-good ones. Each phase is shown
+    as it happens. Exit 0 succeeded, 2 refused (nothing touched), 3 rolled back,
+    4 failed, 5 busy."""
+    levers, env = lever_changes_from_args(args)
+    if not levers and not env and not args.replace:
+        raise UsageError("nothing to apply: give --set, --env, --unset or --file")
+    if not math.isfinite(args.drain) or args.drain < 0:
+        raise UsageError("--drain must be a number of seconds >= 0")
+    before = client.levers()
+    quiet = args.json
+    with OperationFollower(client, None if quiet else out, use_events=not args.poll) as follower:
+        if not (args.no_wait or args.dry_run):
+            follower.prepare()
+        op = client.apply(
+            levers,
+            env,
+            replace=args.replace,
+            dry_run=args.dry_run,
+            drain_timeout_s=args.drain,
+        )
+        changes = lever_changes(before, op.get("levers_requested") or {})
+        if args.dry_run:
+            if quiet:
+                print_json(op)
+                return outcome_exit(op.get("state"))
+            out("dry run: the levers were checked; nothing was touched")
+            for phase in op.get("phases") or []:
+                out(phase_line(phase, 0.0))
+            out("would change: " + (", ".join(changes) if changes else "nothing"))
+            return outcome_exit(op.get("state"))
+        return follow_operation(args, client, follower, op, changes)
+
+
+def cmd_control(args: argparse.Namespace, client: Client) -> int:
+    """Stop, start or restart the server, showing each phase as it happens (stop:
+    SIGTERM, SIGKILL after the grace period, GPUs verified released). Exit 0 succeeded,
+    4 failed, 5 busy."""
+    emit = None if args.json else out
+    with OperationFollower(client, emit, use_events=not args.poll) as follower:
+        if not args.no_wait:
+            follower.prepare()
+        op = client.control(args.command)
+        return follow_operation(args, client, follower, op, None)
+
+
+def follow_operation(
+    args: argparse.Namespace,
+    client: Client,
+    follower: OperationFollower,
+    op: Json,
+    changes: list[str] | None,
+) -> int:
+    """Show the submitted ``op`` until it ends (unless ``--no-wait``); its exit code."""
+    op_id = op.get("id")
+    if not args.json:
+        head = f"{op.get('kind')} {op_id}"
+        if changes is not None:
+            head += ": " + (", ".join(changes) if changes else "no lever changes (same levers)")
+        out(head)
+    if args.no_wait:
+        if args.json:
+            print_json(op)
+        else:
+            out(f"submitted; follow it with `sglang-supervisor status` (GET /operations/{op_id})")
+        return EXIT_OK
+    try:
+        final = follower.follow(op)
+    except KeyboardInterrupt:
+        err(
+            f"interrupted: operation {op_id} goes on in the daemon "
+            "(`sglang-supervisor status` shows it)"
+        )
+        return EXIT_INTERRUPTED
+    if args.json:
+        print_json(final)
+        return outcome_exit(final.get("state"))
+    return report_outcome(client, final, terminal_width(), follower.logs.shown)
+
+
+def report_outcome(client: Client, op: Json, width: int, live_log_lines: int = 0) -> int:
+    """Print how the operation ended; return its exit code. The failed launch's log tail
+    is printed whole, or only its end when its lines were already shown live."""
+    state = str(op.get("state"))
+    took = duration(op.get("duration_s"))
+    if state == "succeeded":
+        line = f"succeeded in {took}"
+        if op.get("kind") in ("apply", "start", "restart"):
+            with contextlib.suppress(ClientError):
+                srv = client.status().get("server")
+                if srv:
+                    tokens = srv.get("max_total_num_tokens")
+                    line += f": pid {srv.get('pid')} serving"
+                    if tokens is not None:
+                        line += f", max_total_num_tokens {tokens:,}"
+        out(line)
+        return EXIT_OK
+    tail = [str(x) for x in op.get("log_tail") or []]
+    if state == "rolled_back":
+        out(f"rolled back after {took}: {op.get('rollback_reason') or op.get('error')}")
+        out("the last-good levers serve again")
+    else:
+        out(f"FAILED after {took}: {op.get('error')}")
+    if tail:
+        if live_log_lines and len(tail) > 10:
+            tail = tail[-10:]
+            out("the failed launch's last log lines (more above):")
+        else:
+            out("the failed launch's last log lines:")
+        for line in tail:
+            out(log_line(line, width))
+    if state != "rolled_back":
+        out("see `sglang-supervisor status` for what runs now")
+    return outcome_exit(state)

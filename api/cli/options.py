@@ -1,0 +1,41 @@
+"""The options every command that talks to a daemon shares, and the client they make."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from api.cli.client import Client, resolve_token, resolve_url
+
+
+def add_client_options(p: argparse.ArgumentParser) -> None:
+    """``--url``, ``--token``, ``--token-file``, ``--json``."""
+    g = p.add_argument_group("daemon")
+    g.add_argument(
+        "--url",
+        help="the daemon's control API (default $SGLANG_SUPERVISOR_URL or http://127.0.0.1:8470)",
+    )
+    g.add_argument("--token", help="bearer token (default $SGLANG_SUPERVISOR_TOKEN)")
+    g.add_argument("--token-file", type=Path, help="read the bearer token from this file")
+    g.add_argument(
+        "--json", action="store_true", help="print the daemon's JSON (nothing else on stdout)"
+    )
+
+
+def add_follow_options(p: argparse.ArgumentParser) -> None:
+    """``--no-wait`` and ``--poll`` of the commands that start an operation."""
+    p.add_argument(
+        "--no-wait", action="store_true", help="print the operation id and return at once"
+    )
+    p.add_argument(
+        "--poll",
+        action="store_true",
+        help="follow by polling the operation instead of the event stream "
+        "(for proxies that buffer server-sent events)",
+    )
+
+
+def client_from_args(args: argparse.Namespace) -> Client:
+    """A ``Client`` for ``--url``/``--token``/``--token-file``. Raises ``ClientError``."""
+    token = resolve_token(args.token, getattr(args, "token_file", None))
+    return Client(resolve_url(args.url), token=token)

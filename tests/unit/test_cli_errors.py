@@ -1,0 +1,115 @@
+"""Every client command maps the daemon's answers to the same message and exit code: the
+CLI has one HTTP client (``api.cli.client``) and one place that reports its errors
+(``api.cli.runner``). A stand-in daemon (a few lines of ``http.server``) answers every
+request with one error."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from api.cli.main import main
+
+RUNNING_OP = {
+    "id": "op42",
+    "kind": "apply",
+    "state": "running",
+    "phases": [{"name": "start", "state": "running", "duration_s": 3.5}],
+}
+
+
+class StandIn:
+    """Answers every request with ``status`` and ``body`` (``GET /operations/op42``: the
+    running operation a 409 names)."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.body: Any = {}
+
+
+@pytest.fixture
+def daemon() -> Iterator[tuple[str, StandIn]]:
+    answer = StandIn()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            self.rfile.read(length)
+            status, body = answer.status, answer.body
+            if self.path.startswith("/operations/op42"):
+                status, body = 200, RUNNING_OP
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _reply
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", answer
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def run(*argv: str) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, err.getvalue()
+
+
+def same_message(text: str) -> str:
+    return text.replace("GET /status", "REQUEST").replace("POST /plan", "REQUEST")
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "code", "says"),
+    [
+        (401, {"detail": {"message": "a bearer token is required"}}, 1, "wants a token"),
+        (403, {"detail": "Forbidden"}, 1, "wants a token"),
+        (500, {"detail": "boom"}, 1, "the daemon failed (500): boom"),
+        (
+            409,
+            {"detail": {"message": "an operation is running", "operation": "op42"}},
+            5,
+            "busy: apply op42 running, phase start running (3.50s)",
+        ),
+        (
+            422,
+            {
+                "detail": {
+                    "message": "the lever set was refused; nothing was changed",
+                    "problems": [{"lever": "tp_size", "message": "must be a power of 2"}],
+                }
+            },
+            2,
+            "  tp_size: must be a power of 2",
+        ),
+    ],
+)
+def test_status_and_plan_report_an_error_alike(
+    daemon: tuple[str, StandIn], status: int, body: Any, code: int, says: str
+) -> None:
+    url, answer = daemon
+    answer.status, answer.body = status, body
+    status_code, status_err = run("status", "--url", url)
+    plan_code, plan_err = run("plan", "--url", url)
+    assert (status_code, plan_code) == (code, code)
+    assert says in status_err
+    assert same_message(plan_err) == same_message(status_err)
