@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,23 @@ import psutil
 import pytest
 
 from tests.helpers import SESSION_TAG_PREFIXES, Daemon, tagged_processes
+
+#: The simulated server's realistic pauses (a 1 s /health_generate, a SIGTERM watchdog
+#: looking every 5 s) made short for the suite; tests about them set their own values.
+FAST_SIM_ENV = {"SGLANG_SIM_HEALTH_S": "0.01", "SGLANG_SIM_DRAIN_CHECK_S": "0.1"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fast_simulated_servers() -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in FAST_SIM_ENV}
+    for k, v in FAST_SIM_ENV.items():
+        os.environ.setdefault(k, v)
+    yield
+    for k, old in saved.items():
+        if old is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = old
 
 
 @pytest.fixture(scope="session", autouse=True)

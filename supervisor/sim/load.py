@@ -18,10 +18,11 @@ raises the hit rate; it never admits more requests, since admission counts devic
 [,prefixes=N][,prefix_share=F]``: requests arrive as a Poisson process at R per second
 (R ≤ 2000) from the moment the server is ready; each needs ~T KV tokens (uniform in
 [T/2, 3T/2], deterministic for a seed), of which O (default 256, at most half) are
-generated at 100 tokens/s; F (default 0.5) of T is a prefix shared with other requests,
-one of N (default 256) prefixes, Zipf-popular. Arrivals finding Q (default 5000) requests
-waiting are turned away. At shutdown the synthetic clients disconnect: their requests are
-aborted at once, while real ``/generate`` requests still drain. All the bookkeeping runs
+generated at 100 tokens/s (real requests: at the server's pace,
+``SGLANG_SIM_TOKENS_PER_S``); F (default 0.5) of T is a prefix shared with other
+requests, one of N (default 256) prefixes, Zipf-popular. Arrivals finding Q (default 5000) requests
+waiting are turned away. At SIGTERM the synthetic clients disconnect: their requests are
+aborted at once, while real requests are still accepted and drain. All the bookkeeping runs
 in ``tick()``, which the server calls every 0.1 s: no thread per request.
 """
 
@@ -158,10 +159,14 @@ class _Request:
     cached: int = 0
 
 
+#: A real request's handle between ``Engine.submit`` and ``Engine.finish``.
+Ticket = _Request
+
+
 class Engine:
     """Admission, queueing, a prefix cache and token accounting (thread-safe).
 
-    Real requests call ``generate`` from their HTTP thread and sleep for their duration;
+    Real requests are submitted by their HTTP thread, which paces their tokens;
     synthetic ones live only in this object's heaps and are advanced by ``tick``.
     """
 
@@ -173,6 +178,7 @@ class Engine:
         host_cache_tokens: int = 0,
         decode_graph_max_bs: int | None = None,
         load: LoadSpec | None = None,
+        tokens_per_s: float = DECODE_TOKENS_PER_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_total_num_tokens = max_total_num_tokens
@@ -183,6 +189,8 @@ class Engine:
         self._clock = clock
         self._cond = threading.Condition()
         self._accepting = True
+        self._synthetic_stopped = False
+        self.tokens_per_s = tokens_per_s
         self._pending: deque[_Request] = deque()
         self._finishing: list[tuple[float, int, _Request]] = []
         self._seq = itertools.count()
@@ -205,13 +213,14 @@ class Engine:
 
     # -- lifecycle --
 
-    def close(self) -> int:
-        """Refuse new requests and abort the synthetic ones; real ones still finish.
+    def stop_synthetic(self) -> int:
+        """The synthetic clients disconnect: abort their requests, stop their arrivals.
+        Real requests are still accepted and served (SGLang keeps serving while it drains).
 
         Returns how many synthetic requests were aborted.
         """
         with self._cond:
-            self._accepting = False
+            self._synthetic_stopped = True
             aborted = 0
             kept: deque[_Request] = deque()
             for req in self._pending:
@@ -227,6 +236,16 @@ class Engine:
             self._admit(self._clock())
             self._cond.notify_all()
             return aborted
+
+    def close(self) -> int:
+        """Refuse new requests and abort the synthetic ones; real ones still finish.
+
+        Returns how many synthetic requests were aborted.
+        """
+        aborted = self.stop_synthetic()
+        with self._cond:
+            self._accepting = False
+        return aborted
 
     def inflight(self) -> int:
         """Real requests running or queued."""
@@ -246,9 +265,9 @@ class Engine:
 
     # -- requests --
 
-    def generate(self, prompt: str, prompt_tokens: int, max_new_tokens: int) -> GenResult | None:
-        """Run one real request to completion; None when the engine no longer accepts any."""
-        start = self._clock()
+    def submit(self, prompt: str, prompt_tokens: int, max_new_tokens: int) -> Ticket | None:
+        """Queue one real request (FIFO behind the others); None when the engine no longer
+        accepts any. The caller waits with ``wait_admitted`` and ends with ``finish``."""
         key = "p:" + hashlib.blake2b(prompt.encode(), digest_size=16).hexdigest()
         req = _Request(
             need=prompt_tokens + max_new_tokens,
@@ -264,24 +283,48 @@ class Engine:
             self._real_inflight += 1
             self._pending.append(req)
             self._admit(self._clock())
+        return req
+
+    def wait_admitted(self, req: Ticket) -> None:
+        """Block until ``req`` runs (every finish and tick re-runs admission)."""
+        with self._cond:
             while not req.admitted:
-                self._cond.wait(1.0)  # re-checked: every finish and tick re-runs admission
-        try:
-            time.sleep(self._duration(req))
-        finally:
-            with self._cond:
+                self._cond.wait(1.0)
+
+    def prefill_s(self, req: Ticket) -> float:
+        """Time to the first token of an admitted request (its uncached prompt)."""
+        return (req.prompt_tokens - req.cached) / PREFILL_TOKENS_PER_S
+
+    def finish(self, req: Ticket, generated: int) -> None:
+        """``req`` ended (done, or its client went away) after ``generated`` tokens."""
+        with self._cond:
+            if req.admitted:
                 self._release(req)
-                self._gen_total += req.out_tokens
-                self._real_inflight -= 1
-                self._admit(self._clock())
-                self._cond.notify_all()
+            else:
+                self._pending.remove(req)
+            self._gen_total += generated
+            self._real_inflight -= 1
+            self._admit(self._clock())
+            self._cond.notify_all()
+
+    def generate(self, prompt: str, prompt_tokens: int, max_new_tokens: int) -> GenResult | None:
+        """Run one real request to completion; None when the engine no longer accepts any."""
+        start = self._clock()
+        req = self.submit(prompt, prompt_tokens, max_new_tokens)
+        if req is None:
+            return None
+        try:
+            self.wait_admitted(req)
+            time.sleep(self.prefill_s(req) + max_new_tokens / self.tokens_per_s)
+        finally:
+            self.finish(req, max_new_tokens)
         return GenResult(prompt_tokens, max_new_tokens, req.cached, self._clock() - start)
 
     def tick(self, now: float | None = None) -> None:
         """Synthetic arrivals and completions up to ``now``, then admission."""
         now = self._clock() if now is None else now
         with self._cond:
-            if self.load is not None and self._accepting:
+            if self.load is not None and self._accepting and not self._synthetic_stopped:
                 self._arrivals(now)
             while self._finishing and self._finishing[0][0] <= now:
                 _, _, req = heapq.heappop(self._finishing)
@@ -389,5 +432,6 @@ class Engine:
 
     @staticmethod
     def _duration(req: _Request) -> float:
+        """A synthetic request's lifetime (real ones are paced by their HTTP thread)."""
         prefill = (req.prompt_tokens - req.cached) / PREFILL_TOKENS_PER_S
         return prefill + req.out_tokens / DECODE_TOKENS_PER_S

@@ -155,6 +155,8 @@ class Sims:
                 "SGLANG_SIM_GPU_DIR": str(self.registry),
                 "SGLANG_SIM_GPU_MEMORY_MIB": str(TOTAL_MIB),
                 "SGLANG_SIM_STARTUP_S": "0.2",
+                "SGLANG_SIM_HEALTH_S": "0.01",
+                "SGLANG_SIM_DRAIN_CHECK_S": "0.2",
                 "SGLANG_SIM_FAULTS": faults,
                 "CUDA_VISIBLE_DEVICES": ",".join(sim_gpu_uuid(i) for i in range(gpus)),
             }
@@ -354,21 +356,26 @@ def test_tp4_serves_holds_memory_and_drains_on_sigterm(sims: Sims) -> None:
         assert len(s.processes) == 1 and s.processes[0].pid in ranks
     assert [s.memory_used_bytes for s in samples[4:]] == [0] * 4
 
-    # A request in flight at SIGTERM still completes; a new one is refused.
+    # As SGLang 0.5.23: a request in flight at SIGTERM completes, a new one is still served,
+    # /health answers 503 (tokenizer_manager.py sigterm_watchdog, http_server.py
+    # health_generate's gracefully_exit check).
     answers: list[int] = []
-    slow = threading.Thread(target=lambda: answers.append(sim.generate("slow", 60).status_code))
+    slow = threading.Thread(target=lambda: answers.append(sim.generate("slow", 300).status_code))
     slow.start()
     try:
         wait_until(lambda: sim.metrics()["sglang:num_running_reqs"] == 1, 10, "a running request")
         wait_until(lambda: DECODE_LINE.search(sim.log_text()), 10, "a Decode batch line")
         os.kill(sim.pid, signal.SIGTERM)
         wait_until(lambda: "draining" in sim.log_text(), 10, "the drain to begin")
-        refused = sim.generate("late", 1).status_code
+        late = sim.generate("late", 1).status_code
+        health = sim.status("/health")
     finally:
         slow.join(timeout=30)
     assert answers == [200]
-    assert refused == 503
+    assert late == 200
+    assert health == 503
     assert sim.exited(15) == 0
+    assert "Gracefully exiting... Remaining number of requests 1." in sim.log_text()
     assert sims.members() == []
     assert sims.used_mib() == [0] * 8
 

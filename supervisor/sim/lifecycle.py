@@ -1,0 +1,427 @@
+"""The simulated server's launcher process: start-up, serving, SIGTERM, failure.
+
+Start-up: check the GPUs, spawn the ranks and the detokenizer, "load" the model
+(``SGLANG_SIM_STARTUP_S``), size the KV pool with the planner's math, become ready.
+
+SIGTERM or SIGINT, as SGLang 0.5.23 handles it (tokenizer_manager.py ``SignalHandler`` and
+``sigterm_watchdog``): the server marks itself as exiting — /health and /health_generate
+answer 503 from then on — but it keeps accepting and serving generations. A watchdog looks
+at the remaining requests every ``SGLANG_SIM_DRAIN_CHECK_S`` (5 s as in SGLang, counted from
+the start, so even an idle server takes up to that long to notice), logs
+``Gracefully exiting... Remaining number of requests N`` and, once none are left, stops the
+children and exits 0. There is no deadline of its own: whoever sent SIGTERM decides when to
+SIGKILL, which cuts the streams in flight. A second signal changes nothing (SGLang's handler
+only sets the same flag). The synthetic load's clients disconnect at the signal.
+
+Exit 1 on a start-up failure (OOM, too few GPUs, a fault, a child that died).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import queue
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from supervisor import planner
+from supervisor.planner import ModelSpec
+from supervisor.schema import BUNDLED_VERSION
+from supervisor.sim import capacity, metrics
+from supervisor.sim.children import Children, ServerFailure, signal_name
+from supervisor.sim.faults import crash_report, oom_report
+from supervisor.sim.flags import ServerConfig, SimEnv, log
+from supervisor.sim.gpus import sim_gpu_index
+from supervisor.sim.http import HttpServer
+from supervisor.sim.load import LOAD_ENV, Engine
+
+#: Seconds between time-driven checks of the main loop (children alive, faults, logging).
+TICK_S = 0.1
+#: SIGTERM -> SIGKILL grace for the ranks and the detokenizer at shutdown.
+CHILD_GRACE_S = 5.0
+#: Interval of the "Decode batch" log line while requests run.
+DECODE_LOG_S = 1.0
+
+
+class Phase(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    #: SIGTERM received: still serving, /health answers 503, waiting for requests to end.
+    DRAINING = "draining"
+    STOPPING = "stopping"
+
+
+class Launcher:
+    """The launcher process: HTTP, ranks, the simulated load, shutdown."""
+
+    def __init__(self, cfg: ServerConfig, env: SimEnv, model: ModelSpec | None = None) -> None:
+        self.cfg = cfg
+        self.env = env
+        self.faults = env.faults
+        self.model = model or capacity.SIM_MODEL
+        self.phase = Phase.LOADING
+        self.healthy = True
+        self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._children = Children(env.registry, env.faults)
+        self._http: HttpServer | None = None
+        self._started_at = time.monotonic()
+        self.served_model_name = cfg.served_model_name
+        self.context_length = cfg.context_length
+        self.tokens_per_s = env.tokens_per_s
+        self._ready_at: float | None = None
+        self._last_decode_log = 0.0
+
+        # The planner's math, on the parsed flags: plan and simulation agree exactly.
+        total, shape = env.memory_bytes, self.model.shape
+        self.mem_fraction = planner.effective_fraction(total, cfg.args, shape.is_mla)
+        self.cell_bytes = capacity.cell_bytes(
+            self.model, cfg.tp_size, cfg.kv_cache_dtype, cfg.pp_size
+        )
+        self.weight_bytes = capacity.weight_bytes_per_rank(self.model, cfg.tp_size, cfg.pp_size)
+        self.rank_bytes = int(self.mem_fraction * total)
+        tokens = planner.pool_tokens(self.model, cfg.args, total)
+        self.max_total_num_tokens = tokens
+        self.host_pool_tokens = 0
+        if cfg.enable_hierarchical_cache:
+            self.host_pool_tokens = planner.host_pool_tokens(
+                cfg.hicache_size_gb, cfg.hicache_ratio, tokens, self.cell_bytes
+            )
+        # SGLang derives the default from the pool size; any monotone rule will do here.
+        max_running = cfg.max_running_requests or min(1024, max(1, tokens // 512))
+        graph_bs = planner.decode_max_bs(total, cfg.args) if cfg.cuda_graph else None
+        self.engine = Engine(
+            tokens,
+            max_running,
+            host_cache_tokens=self.host_pool_tokens,
+            decode_graph_max_bs=graph_bs,
+            load=env.load,
+            tokens_per_s=env.tokens_per_s,
+        )
+        self._registry = metrics.registry_for(self.engine, cfg.served_model_name)
+
+    # -- what the HTTP handlers read (http.App) --
+
+    def health(self, generate: bool) -> tuple[int, str]:
+        """/health_generate (``generate``) runs a one-token generation SGLang polls once a
+        second: it takes ``SGLANG_SIM_HEALTH_S``. /health answers at once, as SGLang's
+        does with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0. Both answer 503 while
+        loading and from SIGTERM on (http_server.py: "Health check request received
+        during shutdown")."""
+        if generate and self.phase is Phase.READY and self.healthy:
+            time.sleep(self.env.health_s)
+        if self.phase is Phase.READY and (self.healthy or not generate):
+            return 200, ""
+        if self.phase is Phase.DRAINING:
+            log("Health check request received during shutdown. Returning 503.")
+        why = "unhealthy" if self.phase is Phase.READY else self.phase.value
+        return 503, why
+
+    def accepting(self) -> str | None:
+        if self.phase in (Phase.READY, Phase.DRAINING):
+            return None
+        return str(self.phase.value)
+
+    def model_info(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {
+            "model_path": cfg.model_path,
+            "served_model_name": cfg.served_model_name,
+            "tokenizer_path": cfg.args.get("tokenizer_path") or cfg.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+        }
+
+    def server_info(self) -> dict[str, Any]:
+        info = dict(self.cfg.args)
+        info.update(
+            mem_fraction_static=self.mem_fraction,
+            max_total_num_tokens=self.max_total_num_tokens,
+            max_running_requests=self.engine.max_running,
+            version=BUNDLED_VERSION,
+            simulated=True,
+            internal_states=[
+                {
+                    "max_total_num_tokens": self.max_total_num_tokens,
+                    "max_running_requests": self.engine.max_running,
+                }
+            ],
+        )
+        return info
+
+    def models(self) -> dict[str, Any]:
+        name = self.cfg.served_model_name
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "sglang",
+                    "root": self.cfg.model_path,
+                    "max_model_len": self.cfg.context_length,
+                }
+            ],
+        }
+
+    def metrics_text(self) -> bytes | None:
+        return metrics.render(self._registry) if self.cfg.enable_metrics else None
+
+    # -- lifecycle --
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT (exit 0) or a failure (exit 1)."""
+        self._install_signals()
+        try:
+            self._http = HttpServer((self.cfg.host, self.cfg.port), self)
+        except OSError as exc:
+            log(
+                f"ERROR: cannot bind the HTTP server to {self.cfg.host}:{self.cfg.port}: "
+                f"{exc.strerror or exc}"
+            )
+            return 1
+        threading.Thread(
+            target=self._http.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        ).start()
+        args_text = ", ".join(f"{k}={v!r}" for k, v in self.cfg.args.items())
+        log(f"server_args=ServerArgs({args_text})")
+        try:
+            self._serve()
+        except ServerFailure as exc:
+            return self._fail(exc.lines, exc.who)
+        except Exception as exc:  # a bug or an OS error: never leave the ranks behind
+            return self._fail([f"{type(exc).__name__}: {exc}"], "")
+        return self._shutdown()
+
+    def _serve(self) -> None:
+        """Spawn, load, become ready and serve; return when a stop signal arrives."""
+        self._check_gpus()
+        cfg = self.cfg
+        gpus = [self.env.visible_gpus[cfg.layout.gpu_ids[r]] for r in range(cfg.num_ranks)]
+        self._children.spawn(gpus, self.rank_bytes)
+        if self._children.wait_registered(self._wait):
+            return
+        log(f"Load weight begin. avail mem={self.env.memory_bytes / 2**30:.2f} GB", "TP0")
+        if self._wait(time.monotonic() + self.env.startup_s):
+            return
+        self._check_start_faults()
+        avail = (self.env.memory_bytes - self.weight_bytes) / 2**30
+        log(
+            f"Load weight end. type={self.model.architecture}, dtype=torch.bfloat16, "
+            f"avail mem={avail:.2f} GB, mem usage={self.weight_bytes / 2**30:.2f} GB.",
+            "TP0",
+        )
+        if self.faults.hang_on_start:
+            log("(simulated fault hang_on_start: the server never becomes ready)", "TP0")
+            self._wait(None)
+            return
+        half = self.max_total_num_tokens * self.cell_bytes / 2 / 2**30
+        log(
+            f"KV Cache is allocated. #tokens: {self.max_total_num_tokens}, "
+            f"K size: {half:.2f} GB, V size: {half:.2f} GB",
+            "TP0",
+        )
+        if self.cfg.enable_hierarchical_cache:
+            log(
+                f"Allocating kv hierarchical KV host pool: {self.host_pool_tokens} tokens, "
+                f"{self.host_pool_tokens * self.cell_bytes / 1e9:.2f} GB host memory.",
+                "TP0",
+            )
+        log(
+            f"max_total_num_tokens={self.max_total_num_tokens}, "
+            f"max_running_requests={self.engine.max_running}, "
+            f"context_len={self.cfg.context_length}",
+            "TP0",
+        )
+        port = self._http.server_port if self._http is not None else self.cfg.port
+        log(f"INFO:     Uvicorn running on http://{self.cfg.host}:{port} (Press CTRL+C to quit)")
+        log("The server is fired up and ready to roll!")
+        if self.env.load is not None:
+            log(f"Synthetic load ({LOAD_ENV}): {self.env.load.describe()}")
+        self._set_phase(Phase.READY, "warm-up generation done")
+        self._ready_at = time.monotonic()
+        self._wait(None)
+
+    def _check_gpus(self) -> None:
+        """Every rank needs its own visible GPU, as SGLang's ranks do."""
+        cfg, visible = self.cfg, self.env.visible_gpus
+        last = cfg.layout.gpus_needed - 1
+        unknown = [g for g in visible if sim_gpu_index(g) is None]
+        if unknown:
+            raise ServerFailure(
+                [
+                    f"RuntimeError: CUDA error: invalid device ordinal: CUDA_VISIBLE_DEVICES "
+                    f"names {', '.join(unknown)}, which is not a simulated GPU"
+                ]
+            )
+        if not visible or last >= len(visible):
+            raise ServerFailure(
+                [
+                    f"RuntimeError: {cfg.num_ranks} ranks (tp_size={cfg.tp_size} × "
+                    f"dp_size={cfg.dp_size} × pp_size={cfg.pp_size}) need GPU ids up to "
+                    f"{last} (base_gpu_id={cfg.base_gpu_id}, gpu_id_step={cfg.gpu_id_step}), "
+                    f"but only {len(visible)} GPUs are visible "
+                    f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
+                ]
+            )
+
+    def _check_start_faults(self) -> None:
+        if self.mem_fraction > self.env.oom_fraction:
+            raise ServerFailure(
+                oom_report(self.env.memory_bytes, self.mem_fraction, self.env.oom_fraction),
+                "TP0",
+            )
+        if self.faults.crash_on_start:
+            raise ServerFailure(crash_report(), "TP0")
+        if self.max_total_num_tokens <= 0:
+            weights_gib = self.weight_bytes / 2**30
+            raise ServerFailure(
+                [
+                    f"RuntimeError: Not enough memory. Please try to increase "
+                    f"--mem-fraction-static. (weights {weights_gib:.1f} GiB per rank leave no "
+                    f"room for the KV cache at mem_fraction_static={self.mem_fraction:.3f})"
+                ],
+                "TP0",
+            )
+
+    def _install_signals(self) -> None:
+        if self.faults.ignore_sigterm:
+            # Only SIGKILL ends this process (the children ignore SIGTERM on their own).
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            return
+
+        def enqueue(signum: int, frame: FrameType | None) -> None:
+            self._signals.put(signum)  # SimpleQueue.put is safe in a signal handler
+
+        signal.signal(signal.SIGTERM, enqueue)
+        signal.signal(signal.SIGINT, enqueue)
+
+    def _wait(self, until: float | None) -> bool:
+        """Do time-driven work until ``until`` (monotonic; None: forever).
+
+        Returns True as soon as SIGTERM or SIGINT arrives; raises ``ServerFailure`` when a
+        child dies.
+        """
+        while True:
+            now = time.monotonic()
+            if until is not None and now >= until:
+                return False
+            timeout = TICK_S if until is None else min(TICK_S, until - now)
+            try:
+                signum = self._signals.get(timeout=timeout)
+            except queue.Empty:
+                self._tick()
+                continue
+            log(f"Received {signal_name(signum)}; shutting down")
+            return True
+
+    def _tick(self) -> None:
+        self._children.check_alive()
+        if self.phase not in (Phase.READY, Phase.DRAINING) or self._ready_at is None:
+            return
+        now = time.monotonic()
+        since_ready = now - self._ready_at
+        if self.faults.crash_after is not None and since_ready >= self.faults.crash_after:
+            pids = [c.popen.pid for c in self._children.all]
+            log(
+                f"(simulated fault crash_after={self.faults.crash_after:g}: launcher pid "
+                f"{os.getpid()} dies abruptly; children {pids} are left running)"
+            )
+            os._exit(1)
+        if (
+            self.healthy
+            and self.faults.unhealthy_after is not None
+            and since_ready >= self.faults.unhealthy_after
+        ):
+            self.healthy = False
+            log(
+                f"(simulated fault unhealthy_after={self.faults.unhealthy_after:g}: "
+                "/health_generate now answers 503)"
+            )
+        self.engine.tick(now)
+        self._log_decode()
+
+    def _log_decode(self) -> None:
+        """SGLang's periodic "Decode batch" line, while requests run or wait."""
+        now = time.monotonic()
+        if now - self._last_decode_log < DECODE_LOG_S:
+            return
+        s = self.engine.stats()
+        if s.running or s.queued:
+            self._last_decode_log = now
+            log(
+                f"Decode batch, #running-req: {s.running}, #token: {s.tokens}, "
+                f"token usage: {s.token_usage:.2f}, cuda graph: {s.cuda_graph}, "
+                f"gen throughput (token/s): {s.gen_throughput:.2f}, #queue-req: {s.queued}",
+                "TP0",
+            )
+
+    def _set_phase(self, new: Phase, reason: str) -> None:
+        log(f"simulated server: {self.phase.value} -> {new.value} ({reason})")
+        self.phase = new
+
+    def _shutdown(self) -> int:
+        """SGLang's graceful exit: serve on until nothing is left, looking every
+        ``drain_check_s``; then stop the children (SIGTERM, SIGKILL after
+        ``CHILD_GRACE_S``) and the HTTP server; exit status 0."""
+        if self.phase is Phase.READY:
+            # ready -> draining
+            self._set_phase(Phase.DRAINING, "SIGTERM: draining requests and shutting down")
+            aborted = self.engine.stop_synthetic()
+            if aborted:
+                log(f"Aborted {aborted} synthetic requests (the load's clients disconnect)")
+            self._drain()
+        self.engine.close()
+        # draining/loading -> stopping
+        self._set_phase(Phase.STOPPING, "no request left")
+        self._children.stop(CHILD_GRACE_S)
+        self._stop_http()
+        log("Shutdown complete.")
+        return 0
+
+    def _drain(self) -> None:
+        """Until no real request runs or waits, looked at on the watchdog's beat."""
+        step = self.env.drain_check_s
+        now = time.monotonic()
+        beats = math.floor((now - self._started_at) / step) + 1
+        next_check = self._started_at + beats * step
+        while True:
+            self._serve_until(next_check)
+            left = self.engine.inflight()
+            log(f"Gracefully exiting... Remaining number of requests {left}.")
+            if left == 0:
+                return
+            next_check += step
+
+    def _serve_until(self, until: float) -> None:
+        """Time-driven work until ``until``; further stop signals change nothing."""
+        while True:
+            now = time.monotonic()
+            if now >= until:
+                return
+            try:
+                signum = self._signals.get(timeout=min(TICK_S, until - now))
+            except queue.Empty:
+                self._tick()
+                continue
+            log(f"Received {signal_name(signum)} again; still draining")
+
+    def _fail(self, lines: list[str], who: str) -> int:
+        for line in lines:
+            log(line, who)
+        log("A server process failed; killing the simulated server's processes (exit 1)")
+        self._stop_http()
+        self._children.stop(0.0)
+        return 1
+
+    def _stop_http(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
