@@ -10,6 +10,8 @@ fi
 .venv/bin/pip install -q -e '.[test]'
 echo "== SGLang parser environment (.venv-sglang)"
 bash scripts/sglang-parser-env.sh .venv-sglang
+echo "== sglang-router environment (.venv-router)"
+bash scripts/router-env.sh .venv-router
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
@@ -19,4 +21,5 @@ echo "== deploy assets (promtool, systemd-analyze)"
 bash scripts/check-deploy.sh
 echo "== pytest"
 export SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON="$PWD/.venv-sglang/bin/python"
+export SGLANG_SUPERVISOR_TEST_ROUTER_PYTHON="$PWD/.venv-router/bin/python"
 .venv/bin/pytest -q -p no:cacheprovider "$@"

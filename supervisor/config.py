@@ -1,7 +1,7 @@
 """The daemon's settings: a TOML file (``--config``), overridden by command-line options.
 
 Sections: ``[api]``, ``[server]`` (+ ``[server.levers]``, ``[server.env]``),
-``[timeouts]``, ``[sim]``. Every option, with its meaning, is in
+``[timeouts]``, ``[router]``, ``[sim]``. Every option, with its meaning, is in
 ``deploy/config.example.toml``.
 """
 
@@ -92,6 +92,28 @@ class TimeoutSettings(_Section):
     max_drain_s: float = Field(3600.0, ge=0)
 
 
+class RouterSettings(_Section):
+    """An sglang-router (model gateway) in front of this server: the ``[router]`` table."""
+
+    #: The router's base URL ("http://router:30000"). Unset: no router integration.
+    url: str | None = None
+    #: How the router reaches this server; default ``http://<server host>:<server port>``
+    #: (127.0.0.1 when the server listens on 0.0.0.0 or ::).
+    worker_url: str | None = None
+    #: File holding the router's API key (its --api-key), sent as a bearer token;
+    #: $SGLANG_SUPERVISOR_ROUTER_API_KEY takes precedence.
+    api_key_file: str | None = None
+    #: Timeout of one call to the router.
+    request_timeout_s: float = Field(5.0, gt=0)
+    #: How long an added worker may take to be listed healthy by the router.
+    healthy_timeout_s: float = Field(60.0, gt=0)
+    #: After the worker is removed from the router, wait at most this long for its
+    #: running + queued requests to reach 0 before stopping the server.
+    drain_timeout_s: float = Field(300.0, ge=0)
+    #: Time between looks at the server's running + queued requests while draining.
+    drain_poll_s: float = Field(0.5, gt=0, le=10)
+
+
 class SimulateSettings(_Section):
     gpus: int = Field(8, ge=1, le=64)
     gpu_memory_mib: int = Field(143771, gt=0)
@@ -117,6 +139,7 @@ class Settings(_Section):
     api: ApiSettings = Field(default_factory=ApiSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+    router: RouterSettings = Field(default_factory=RouterSettings)
     #: The simulated backend (``--simulate``), the ``[sim]`` table.
     sim: SimulateSettings = Field(default_factory=SimulateSettings)
 

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.cli.main import build_parser
 from supervisor.config import (
     ApiSettings,
+    RouterSettings,
     ServerSettings,
     Settings,
     SimulateSettings,
@@ -92,9 +93,10 @@ def test_example_config_shows_every_option() -> None:
         "api": ApiSettings,
         "server": ServerSettings,
         "timeouts": TimeoutSettings,
+        "router": RouterSettings,
         "sim": SimulateSettings,
     }
-    tables = {"api", "server", "timeouts", "sim", "levers", "env"}
+    tables = {"api", "server", "timeouts", "router", "sim", "levers", "env"}
     missing = [
         f"[{section}] {name}" if section else name
         for section, model in sections.items()
