@@ -17,6 +17,7 @@ from supervisor.core import Busy, Supervisor
 from supervisor.levers import LeverError
 from supervisor.metrics import SupervisorMetrics
 from supervisor.operations import Operation
+from supervisor.redact import redact
 from supervisor.serverlogs import log_for_launch
 from supervisor.telemetry import tail_lines
 
@@ -49,7 +50,7 @@ async def _answer(op: Operation, wait: bool) -> JSONResponse:
     if wait:
         await op.done.wait()
     code = 200 if op.finished else 202
-    return JSONResponse({"operation": op.to_json()}, status_code=code)
+    return JSONResponse({"operation": redact(op.to_json())}, status_code=code)
 
 
 @router.get("/healthz")
@@ -60,16 +61,18 @@ async def healthz(sup: SupervisorDep) -> dict[str, Any]:
 
 @router.get("/status")
 async def status(sup: SupervisorDep) -> dict[str, Any]:
-    return await sup.status()
+    return redact(await sup.status())
 
 
 @router.get("/levers")
 async def get_levers(sup: SupervisorDep) -> dict[str, Any]:
-    return {
-        "levers": dict(sup.levers.levers),
-        "env": dict(sup.levers.env),
-        "last_good": None if sup.last_good is None else sup.last_good.to_json(),
-    }
+    return redact(
+        {
+            "levers": dict(sup.levers.levers),
+            "env": dict(sup.levers.env),
+            "last_good": None if sup.last_good is None else sup.last_good.to_json(),
+        }
+    )
 
 
 @router.get("/levers/schema")
@@ -96,7 +99,7 @@ async def post_levers(
 ) -> Any:
     """Validate, preflight, then stop -> release -> start -> commit, or roll back."""
     requested = sup.requested_levers(body.levers, body.env, replace=body.replace)
-    diff = sup.levers.diff(requested)
+    diff = redact(sup.levers.diff(requested))
     try:
         op = await sup.submit_apply(
             body.levers,
@@ -111,13 +114,13 @@ async def post_levers(
             "apply",
             outcome="refused",
             diff=diff,
-            problems=[p.to_json() for p in exc.problems],
+            problems=redact([p.to_json() for p in exc.problems]),
         )
         raise HTTPException(
             status_code=422,
             detail={
                 "message": "the lever set was refused; nothing was changed",
-                "problems": [p.to_json() for p in exc.problems],
+                "problems": redact([p.to_json() for p in exc.problems]),
             },
         ) from exc
     except Busy as exc:
@@ -136,7 +139,7 @@ async def get_operation(op_id: str, sup: SupervisorDep) -> dict[str, Any]:
         raise HTTPException(
             404, detail={"message": f"no operation {op_id!r} (the daemon keeps the last 200)"}
         )
-    return op.to_json()
+    return redact(op.to_json())
 
 
 async def _control(request: Request, sup: Supervisor, kind: str, wait: bool) -> JSONResponse:
@@ -208,7 +211,7 @@ async def events(
                 except TimeoutError:
                     yield ": keep-alive\n\n"
                     continue
-                yield f"event: {event['kind']}\ndata: {json.dumps(event)}\n\n"
+                yield f"event: {event['kind']}\ndata: {json.dumps(redact(event))}\n\n"
 
     return StreamingResponse(
         stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}

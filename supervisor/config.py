@@ -1,8 +1,18 @@
-"""The daemon's settings: a TOML file (``--config``), overridden by command-line options.
+"""The daemon's settings: a TOML file, then the environment, then command-line options.
 
 Sections: ``[api]``, ``[server]`` (+ ``[server.levers]``, ``[server.env]``),
 ``[timeouts]``, ``[router]``, ``[sim]``. Every option, with its meaning, is in
 ``deploy/config.example.toml``.
+
+The file: ``--config``, else ``$SGLANG_SUPERVISOR_CONFIG``, else
+``/etc/sglang-supervisor/config.toml`` when it exists, else none (defaults).
+The environment (for containers): ``SGLANG_SUPERVISOR_<SECTION>__<KEY>`` overrides one
+option of the file, e.g. ``SGLANG_SUPERVISOR_API__PORT=8471``,
+``SGLANG_SUPERVISOR_TIMEOUTS__READY_TIMEOUT_S=3600``,
+``SGLANG_SUPERVISOR_SERVER__GPUS='["0","1"]'`` (JSON for lists and tables), and
+``SGLANG_SUPERVISOR_STATE_DIR`` / ``_SIMULATE`` / ``_KEEP_SERVER_ON_EXIT`` at the top
+level. ``instance`` is not read from the environment: ``SGLANG_SUPERVISOR_INSTANCE`` is
+the launch tag every server process carries. Command-line options win over both.
 """
 
 from __future__ import annotations
@@ -14,7 +24,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Initial levers of ``serve --simulate`` with no config: an 8-GPU tensor-parallel server.
 SIMULATED_DEFAULT_LEVERS: dict[str, Any] = {
@@ -166,11 +177,66 @@ def default_state_dir() -> Path:
     return Path(base) / "sglang-supervisor"
 
 
+ENV_PREFIX = "SGLANG_SUPERVISOR_"
+CONFIG_ENV = "SGLANG_SUPERVISOR_CONFIG"
+SYSTEM_CONFIG = Path("/etc/sglang-supervisor/config.toml")
+
+
+def default_config_path() -> Path | None:
+    """``$SGLANG_SUPERVISOR_CONFIG``, else the system config when it exists, else None."""
+    if env := os.environ.get(CONFIG_ENV):
+        return Path(env)
+    return SYSTEM_CONFIG if SYSTEM_CONFIG.is_file() else None
+
+
+class _FromEnvironment(BaseSettings):
+    """The options set in the environment (pydantic-settings reads and validates them)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="ignore"
+    )
+
+    simulate: bool | None = None
+    state_dir: Path | None = None
+    keep_server_on_exit: bool | None = None
+    api: ApiSettings | None = None
+    server: ServerSettings | None = None
+    timeouts: TimeoutSettings | None = None
+    sim: SimulateSettings | None = None
+
+
+def settings_from_environment() -> dict[str, Any]:
+    """``{section: {key: value}}`` of the ``SGLANG_SUPERVISOR_*`` options that are set.
+
+    Raises ``ValueError`` naming the variable on a bad value.
+    """
+    try:
+        env = _FromEnvironment()
+    except ValidationError as exc:
+        bad = "; ".join(
+            f"{ENV_PREFIX}{'__'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
+            for e in exc.errors()
+        )
+        raise ValueError(f"invalid setting in the environment: {bad}") from exc
+    return env.model_dump(exclude_unset=True, exclude_none=True)
+
+
+def _merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
 def load_settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
-    """Read ``path`` (TOML) if given, then apply ``overrides`` (dotted keys).
+    """Read ``path`` (TOML; None: :func:`default_config_path`), then the environment's
+    ``SGLANG_SUPERVISOR_<SECTION>__<KEY>`` options, then ``overrides`` (dotted keys).
 
     Raises ``ValueError`` with the file name and the offending key on a bad file.
     """
+    if path is None:
+        path = default_config_path()
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -179,6 +245,7 @@ def load_settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
             raise ValueError(f"cannot read config {path}: {exc.strerror}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"config {path} is not valid TOML: {exc}") from exc
+    _merge(data, settings_from_environment())
     for dotted, value in overrides.items():
         if value is None:
             continue

@@ -197,8 +197,17 @@ def test_unit_has_the_directives_teardown_needs() -> None:
     assert seconds(one(service, "TimeoutStopSec")) >= 120
     assert one(service, "Restart") == "on-failure"
     assert "StartLimitBurst" in unit["Unit"] and "StartLimitIntervalSec" in unit["Unit"]
-    for key in ("StateDirectory", "LogsDirectory", "ConfigurationDirectory"):
+    for key in ("StateDirectory", "ConfigurationDirectory"):
         assert one(service, key) == "sglang-supervisor"
+    assert one(service, "ConfigurationDirectoryMode") == "0750"
+    # The daemon logs to the journal: a LogsDirectory= would be an empty directory.
+    assert "LogsDirectory" not in service
+    # A rank OOM-killed by the kernel is the daemon's to handle, not a reason to stop it.
+    assert one(service, "OOMPolicy") == "continue"
+    assert "nvidia-fabricmanager.service" in " ".join(unit["Unit"]["After"])
+    assert any("runbooks.md" in d for d in unit["Unit"]["Documentation"])
+    # A supplementary group that does not exist (render, on some hosts) fails the start.
+    assert "render" not in " ".join(service.get("SupplementaryGroups", []))
     assert one(service, "LimitMEMLOCK") == "infinity"
     assert one(service, "User") == "sglang"
     # Settings that hide the GPUs or forbid CUDA's JIT must stay off.
@@ -303,3 +312,47 @@ def test_every_incident_scenario_takes_a_position_on_every_alert() -> None:
             parts = block.split(f"eval_time: {t}\n")[1:]
             listed = {re.search(r"alertname: (\w+)", p).group(1) for p in parts}  # type: ignore[union-attr]
             assert listed == alerts, f"{title} at {t}: missing {sorted(alerts - listed)}"
+
+
+# ------------------------------------------------------------------ install recipe
+
+README = ROOT / "README.md"
+
+
+def readme_recipe() -> list[str]:
+    text = README.read_text()
+    section = text[text.index("## Installing on a GPU host") :]
+    block = section[section.index("```bash\n") + 8 :]
+    return block[: block.index("```")].strip().splitlines()
+
+
+def unit_recipe() -> list[str]:
+    lines = UNIT.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# Install ("))
+    out = []
+    for line in lines[start + 1 :]:
+        if line.strip() == "#":
+            break
+        if line.startswith("#   "):
+            out.append(line[4:])
+        elif not line.startswith("# "):
+            break
+    return out
+
+
+def test_the_readme_and_the_unit_give_one_install_recipe() -> None:
+    readme, unit = readme_recipe(), unit_recipe()
+    assert len(readme) >= 15
+    assert readme == unit
+    recipe = "\n".join(readme)
+    assert "--shell /usr/sbin/nologin" in recipe and "python3-venv" in recipe
+    assert "getent group render" in recipe  # render only where the group exists
+    assert "python3.11" in recipe  # 22.04
+
+
+def test_the_install_recipe_is_valid_bash(tmp_path: Path) -> None:
+    import subprocess
+
+    script = tmp_path / "install.sh"
+    script.write_text("\n".join(readme_recipe()) + "\n")
+    subprocess.run(["bash", "-n", str(script)], check=True)

@@ -1,0 +1,70 @@
+"""Secrets passed as levers, kept out of everything the daemon shows.
+
+SGLang's own secret flags (0.5.23: ``--api-key``, ``--admin-api-key``,
+``--ssl-keyfile-password``) and environment variables whose name says they hold a secret
+(``..._TOKEN``, ``..._SECRET``, ``..._PASSWORD``, ``..._API_KEY``...) are replaced by
+:data:`REDACTED` in ``/status``, ``/levers``, operations, events, the audit log and the
+status page. They still reach the server (argv / environment) and ``state.json`` (mode
+0600 under the state directory), which it needs to relaunch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar, cast
+
+T = TypeVar("T")
+
+REDACTED = "<redacted>"
+#: SGLang 0.5.23's flags (dest names) whose value is a secret.
+SECRET_LEVERS = frozenset({"api_key", "admin_api_key", "ssl_keyfile_password"})
+_SECRET_WORDS = frozenset(
+    {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY", "AUTH"}
+)
+_KEY_QUALIFIERS = frozenset({"API", "ACCESS", "SECRET", "PRIVATE", "ADMIN", "AUTH"})
+
+
+def is_secret_env(name: str) -> bool:
+    """``HF_TOKEN``, ``SGLANG_API_KEY``, ``NCCL_..._SECRET``; not ``SGLANG_MAX_TOKENS``."""
+    if not name.isupper():
+        return False
+    parts = name.split("_")
+    if any(p in _SECRET_WORDS for p in parts):
+        return True
+    return any(
+        p == "KEY" and i > 0 and parts[i - 1] in _KEY_QUALIFIERS for i, p in enumerate(parts)
+    )
+
+
+def is_secret_name(name: str) -> bool:
+    """A lever dest name, an env var name, or a diff key (``env.NAME``) holding a secret."""
+    if name in SECRET_LEVERS:
+        return True
+    return is_secret_env(name.removeprefix("env."))
+
+
+def redact(value: T) -> T:
+    """A copy of ``value`` (JSON-shaped) with every secret lever or env value replaced; a
+    diff entry ``{"api_key": {"old": a, "new": b}}`` keeps its shape, both values hidden."""
+    return cast(T, _redact(value))
+
+
+def _redact(value: Any) -> Any:
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            if isinstance(k, str) and is_secret_name(k):
+                out[k] = _hide(v)
+            else:
+                out[k] = _redact(v)
+        return out
+    if isinstance(value, list | tuple):
+        return [_redact(v) for v in value]
+    return value
+
+
+def _hide(v: Any) -> Any:
+    if v is None or isinstance(v, bool):
+        return v  # "not set" / a flag carries no secret
+    if isinstance(v, dict) and set(v) <= {"old", "new"}:
+        return {k: _hide(x) for k, x in v.items()}
+    return REDACTED

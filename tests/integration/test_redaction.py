@@ -1,0 +1,44 @@
+"""A secret passed as a lever reaches the server and nothing the daemon shows."""
+
+from __future__ import annotations
+
+import psutil
+
+from tests.helpers import Daemon
+
+SECRET = "sk-live-4f8a1c"
+ENV_SECRET = "tok-93b2e7"
+
+
+def test_api_key_and_token_env_are_redacted_everywhere_but_the_server(
+    daemon_factory: type[Daemon],
+) -> None:
+    d = daemon_factory().start()
+    r = d.apply({"api_key": SECRET}, env={"SGLANG_EXTRA_TOKEN": ENV_SECRET})
+    assert r.status_code == 200, r.text
+    op = r.json()["operation"]
+    assert op["state"] == "succeeded", op
+    # The server got them.
+    pid = d.status()["server"]["pid"]
+    assert SECRET in psutil.Process(pid).cmdline()
+    assert psutil.Process(pid).environ()["SGLANG_EXTRA_TOKEN"] == ENV_SECRET
+    # Nothing the daemon shows has them.
+    shown = {
+        "POST /levers": r.text,
+        "GET /status": d.client.get("/status").text,
+        "GET /levers": d.client.get("/levers").text,
+        f"GET /operations/{op['id']}": d.client.get(f"/operations/{op['id']}").text,
+        "audit.log": (d.dir / "state" / "audit.log").read_text(),
+    }
+    with d.client.stream("GET", "/events", params={"replay": "true"}) as events:
+        text = ""
+        for chunk in events.iter_text():
+            text += chunk
+            if '"kind": "operation"' in text and "succeeded" in text:
+                break
+    shown["GET /events"] = text
+    for where, body in shown.items():
+        assert SECRET not in body and ENV_SECRET not in body, f"{where} shows a secret"
+    levers = d.client.get("/levers").json()
+    assert levers["levers"]["api_key"] == "<redacted>"
+    assert levers["env"]["SGLANG_EXTRA_TOKEN"] == "<redacted>"

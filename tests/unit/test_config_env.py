@@ -1,0 +1,55 @@
+"""Settings: the file, then SGLANG_SUPERVISOR_<SECTION>__<KEY> from the environment, then
+command-line options; the default config path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor import config
+from supervisor.config import load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.upper().startswith("SGLANG_SUPERVISOR_"):
+            monkeypatch.delenv(key)
+
+
+def test_environment_overrides_the_file_and_options_override_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[api]\nport = 9000\nhost = "127.0.0.1"\n[timeouts]\nprobation_s = 5\n')
+    monkeypatch.setenv("SGLANG_SUPERVISOR_API__PORT", "9100")
+    monkeypatch.setenv("SGLANG_SUPERVISOR_SERVER__GPUS", '["2", "3"]')
+    monkeypatch.setenv("SGLANG_SUPERVISOR_INSTANCE", "other.abc123")  # a launch tag
+    s = load_settings(path, {"api.host": "127.0.0.9"})
+    assert s.api.port == 9100 and s.api.host == "127.0.0.9"
+    assert s.server.gpus == ["2", "3"]
+    assert s.timeouts.probation_s == 5  # from the file, untouched by the environment
+    assert s.instance is None  # never taken from the launch tag
+    assert load_settings(path, {"api.port": 9200}).api.port == 9200
+
+
+def test_a_bad_environment_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SGLANG_SUPERVISOR_API__PORT", "eighty")
+    with pytest.raises(ValueError, match="SGLANG_SUPERVISOR_API__PORT"):
+        load_settings(None, {})
+
+
+def test_default_config_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(config, "SYSTEM_CONFIG", tmp_path / "absent.toml")
+    assert config.default_config_path() is None
+    system = tmp_path / "config.toml"
+    system.write_text("[api]\nport = 9300\n")
+    monkeypatch.setattr(config, "SYSTEM_CONFIG", system)
+    assert load_settings(None, {}).api.port == 9300
+    own = tmp_path / "own.toml"
+    own.write_text("[api]\nport = 9400\n")
+    monkeypatch.setenv("SGLANG_SUPERVISOR_CONFIG", str(own))
+    assert load_settings(None, {}).api.port == 9400

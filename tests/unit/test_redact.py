@@ -1,0 +1,39 @@
+"""Secrets passed as levers never show: names SGLang 0.5.23 defines as secrets
+(server_args.py: --api-key, --admin-api-key, --ssl-keyfile-password) and secret-named
+environment variables."""
+
+from __future__ import annotations
+
+from supervisor.redact import REDACTED, is_secret_env, redact
+
+
+def test_secret_levers_env_and_diffs_are_hidden_everything_else_kept() -> None:
+    status = {
+        "levers": {"api_key": "sk-123", "admin_api_key": "adm", "tp_size": 8},
+        "env": {"SGLANG_API_KEY": "k", "HF_TOKEN": "hf_x", "NCCL_DEBUG": "WARN"},
+        "last_good_levers": {"levers": {"api_key": "old"}, "env": {}},
+        "throughput": {"token_usage": 0.97},
+        "server": {"max_total_num_tokens": 1000},
+        "diff": {
+            "api_key": {"old": None, "new": "sk-9"},
+            "env.HF_TOKEN": {"old": "a", "new": None},
+        },
+        "phases": [{"name": "validate", "levers": {"ssl_keyfile_password": "pw"}}],
+    }
+    out = redact(status)
+    assert out["levers"] == {"api_key": REDACTED, "admin_api_key": REDACTED, "tp_size": 8}
+    assert out["env"] == {"SGLANG_API_KEY": REDACTED, "HF_TOKEN": REDACTED, "NCCL_DEBUG": "WARN"}
+    assert out["last_good_levers"]["levers"]["api_key"] == REDACTED
+    assert out["throughput"] == {"token_usage": 0.97}
+    assert out["server"] == {"max_total_num_tokens": 1000}
+    assert out["diff"]["api_key"] == {"old": None, "new": REDACTED}
+    assert out["diff"]["env.HF_TOKEN"] == {"old": REDACTED, "new": None}
+    assert out["phases"][0]["levers"]["ssl_keyfile_password"] == REDACTED
+    assert "sk-123" not in repr(out) and "hf_x" not in repr(out)
+    assert status["levers"]["api_key"] == "sk-123"  # the input is not changed
+
+
+def test_env_names() -> None:
+    assert is_secret_env("SGLANG_ADMIN_KEY") and is_secret_env("NCCL_IB_SECRET")
+    assert not is_secret_env("SGLANG_MAX_TOKENS") and not is_secret_env("CUDA_KEYRING")
+    assert not is_secret_env("token_usage")
