@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 
 from api import plan, routes
 from api.auth import GuardMiddleware
-from supervisor.core import Supervisor
+from supervisor.engine import Supervisor
 from supervisor.metrics import SupervisorMetrics
 
 

@@ -22,7 +22,7 @@ from api.app import create_app
 from api.auth import AuthConfigError, check_listen, load_token
 from supervisor import sdnotify
 from supervisor.config import Settings
-from supervisor.core import Supervisor
+from supervisor.engine import Supervisor
 from supervisor.process import set_child_subreaper
 from supervisor.runtime import build_supervisor
 from supervisor.states import ServerState

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.routes import SupervisorDep
 from supervisor import planner, preflight
-from supervisor.core import Supervisor
+from supervisor.engine import SupervisorView
 from supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
 from supervisor.sim import capacity
 from supervisor.sim.load import LOAD_ENV, parse_load
@@ -104,10 +104,10 @@ def resolve_model(
     )
 
 
-def _hardware(body: PlanRequest, sup: Supervisor) -> Hardware:
+def _hardware(body: PlanRequest, view: SupervisorView) -> Hardware:
     """The GPUs and host RAM to plan for: the request's, else what the daemon manages."""
-    managed = sup.managed
-    simulated = sup.backend.name == "simulated"
+    managed = view.managed
+    simulated = view.backend == "simulated"
     what = f"{len(managed)} simulated GPUs" if simulated else f"{len(managed)} managed GPUs"
     if body.gpu_memory_gib is not None:
         gpu_bytes = int(body.gpu_memory_gib * GiB)
@@ -121,9 +121,9 @@ def _hardware(body: PlanRequest, sup: Supervisor) -> Hardware:
     if body.host_ram_gib is not None:
         ram, ram_source = int(body.host_ram_gib * GiB), "given"
     else:
-        facts = preflight.host_facts(sup.backend.simulated_host_ram_bytes)
+        facts = preflight.host_facts(view.simulated_host_ram_bytes)
         ram, ram_source = facts.available_ram_bytes, f"{facts.ram_source} RAM available"
-        server = sup.server
+        server = view.server
         if not simulated and server is not None:
             # As preflight counts it: the running server's host pool is freed by the apply.
             freed = preflight.pinned_host_bytes(server.levers.levers, gpu_bytes)
@@ -139,9 +139,9 @@ def _hardware(body: PlanRequest, sup: Supervisor) -> Hardware:
     )
 
 
-def _live(sup: Supervisor) -> LiveLoad | None:
-    t = sup.throughput
-    if sup.state != ServerState.READY or t.source is None:
+def _live(view: SupervisorView) -> LiveLoad | None:
+    t = view.throughput
+    if view.state != ServerState.READY or t.source is None:
         return None
     return LiveLoad(
         running_requests=t.running_requests,
@@ -149,17 +149,17 @@ def _live(sup: Supervisor) -> LiveLoad | None:
         token_usage=t.token_usage,
         gen_tokens_per_s=t.gen_tokens_per_s,
         cache_hit_rate=t.cache_hit_rate,
-        max_total_num_tokens=None if sup.server is None else sup.server.max_total_num_tokens,
+        max_total_num_tokens=None if view.server is None else view.server.max_total_num_tokens,
     )
 
 
-def _avg_tokens(body: PlanRequest, sup: Supervisor, live: LiveLoad | None) -> tuple[int, str]:
+def _avg_tokens(body: PlanRequest, view: SupervisorView, live: LiveLoad | None) -> tuple[int, str]:
     if body.avg_tokens is not None:
         return body.avg_tokens, "given"
     measured = live.avg_tokens() if live is not None else None
     if measured is not None:
         return measured, "live: token usage × max_total_num_tokens / running requests"
-    text = sup.levers.env.get(LOAD_ENV) or sup.backend.env.get(LOAD_ENV)
+    text = view.levers.env.get(LOAD_ENV) or view.backend_env.get(LOAD_ENV)
     if text:
         try:
             load = parse_load(text)
@@ -170,7 +170,7 @@ def _avg_tokens(body: PlanRequest, sup: Supervisor, live: LiveLoad | None) -> tu
     return planner.DEFAULT_AVG_TOKENS, "assumed (no live load; pass avg_tokens)"
 
 
-async def make_plan(body: PlanRequest, sup: Supervisor) -> dict[str, Any]:
+async def make_plan(body: PlanRequest, view: SupervisorView) -> dict[str, Any]:
     """The proposal as JSON. ``PlanError`` when it cannot be made.
 
     The daemon's state is read on the event loop; reading the model directory runs in a
@@ -179,29 +179,29 @@ async def make_plan(body: PlanRequest, sup: Supervisor) -> dict[str, Any]:
     model = await asyncio.to_thread(
         resolve_model,
         body,
-        model_path=str(sup.levers.levers.get("model_path") or ""),
-        simulated=sup.backend.name == "simulated",
-        env={**os.environ, **sup.backend.env, **sup.levers.env},
+        model_path=str(view.levers.levers.get("model_path") or ""),
+        simulated=view.backend == "simulated",
+        env={**os.environ, **view.backend_env, **view.levers.env},
     )
-    hardware = _hardware(body, sup)
-    live = _live(sup)
-    avg, avg_source = _avg_tokens(body, sup, live)
+    hardware = _hardware(body, view)
+    live = _live(view)
+    avg, avg_source = _avg_tokens(body, view, live)
     plan: Plan = planner.propose(
         model,
         hardware,
-        dict(sup.levers.levers),
+        dict(view.levers.levers),
         avg_tokens=avg,
         avg_tokens_source=avg_source,
         target_concurrency=body.target_concurrency,
         live=live,
     )
     out = plan.to_json()
-    unknown = [k for k in plan.levers if k not in sup.schema.flags]
+    unknown = [k for k in plan.levers if k not in view.schema.flags]
     if unknown:
         # A different SGLang than the bundled 0.5.23 may lack a lever: leave it out.
         out["levers"] = {k: v for k, v in plan.levers.items() if k not in unknown}
         out["notes"].append(
-            f"SGLang {sup.schema.sglang_version} has no {', '.join(unknown)}; left out of "
+            f"SGLang {view.schema.sglang_version} has no {', '.join(unknown)}; left out of "
             "the proposal"
         )
     out["apply"] = {
@@ -219,7 +219,7 @@ async def post_plan(sup: SupervisorDep, body: PlanRequest | None = None) -> dict
     422 when the model cannot be found or read, or the inputs cannot be planned for.
     """
     try:
-        return await make_plan(body or PlanRequest(), sup)
+        return await make_plan(body or PlanRequest(), sup.view())
     except PlanError as exc:
         raise _refused(str(exc)) from exc
     except (ArithmeticError, ValueError) as exc:  # a config.json with impossible values

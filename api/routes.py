@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.auth import audit
 from api.models import ApplyRequest
-from supervisor.core import Busy, Supervisor
+from supervisor.engine import Busy, NoSuchOperation, OperationFinished, Supervisor
 from supervisor.levers import LeverError
 from supervisor.metrics import SupervisorMetrics
 from supervisor.operations import Operation
@@ -56,7 +56,7 @@ async def _answer(op: Operation, wait: bool) -> JSONResponse:
 @router.get("/healthz")
 async def healthz(sup: SupervisorDep) -> dict[str, Any]:
     """The daemon itself is alive (says nothing about the SGLang server)."""
-    return {"ok": True, "state": str(sup.state)}
+    return {"ok": True, "state": str(sup.view().state)}
 
 
 @router.get("/status")
@@ -66,11 +66,12 @@ async def status(sup: SupervisorDep) -> dict[str, Any]:
 
 @router.get("/levers")
 async def get_levers(sup: SupervisorDep) -> dict[str, Any]:
+    view = sup.view()
     return redact(
         {
-            "levers": dict(sup.levers.levers),
-            "env": dict(sup.levers.env),
-            "last_good": None if sup.last_good is None else sup.last_good.to_json(),
+            "levers": dict(view.levers.levers),
+            "env": dict(view.levers.env),
+            "last_good": None if view.last_good is None else view.last_good.to_json(),
         }
     )
 
@@ -83,11 +84,12 @@ async def levers_schema(
     ] = None,
 ) -> dict[str, Any]:
     """The installed SGLang's flags (or the bundled schema, see ``source``)."""
-    flags = sup.schema.search(q)
+    view = sup.view()
+    flags = view.schema.search(q)
     return {
-        "sglang_version": sup.schema.sglang_version,
-        "source": sup.schema.source,
-        "live": sup.schema_live,
+        "sglang_version": view.schema.sglang_version,
+        "source": view.schema.source,
+        "live": view.schema_live,
         "count": len(flags),
         "flags": [f.to_json() for f in flags],
     }
@@ -99,7 +101,7 @@ async def post_levers(
 ) -> Any:
     """Validate, preflight, then stop -> release -> start -> commit, or roll back."""
     requested = sup.requested_levers(body.levers, body.env, replace=body.replace)
-    diff = redact(sup.levers.diff(requested))
+    diff = redact(sup.view().levers.diff(requested))
     try:
         op = await sup.submit_apply(
             body.levers,
@@ -134,12 +136,33 @@ async def post_levers(
 
 @router.get("/operations/{op_id}")
 async def get_operation(op_id: str, sup: SupervisorDep) -> dict[str, Any]:
-    op = sup.operations.get(op_id)
+    op = sup.get_operation(op_id)
     if op is None:
         raise HTTPException(
             404, detail={"message": f"no operation {op_id!r} (the daemon keeps the last 200)"}
         )
     return redact(op.to_json())
+
+
+@router.post("/operations/{op_id}/cancel", status_code=202)
+async def cancel_operation(
+    request: Request, op_id: str, sup: SupervisorDep, wait: WaitQuery = False
+) -> JSONResponse:
+    """End a running operation at its next phase boundary: a hung start or a long drain
+    stops waiting and rolls back (see ``Supervisor.request_cancel``). 404 unknown id;
+    409 when it has already ended."""
+    try:
+        op = sup.request_cancel(op_id)
+    except NoSuchOperation as exc:
+        audit(request.scope, "cancel", outcome="unknown", operation=op_id)
+        raise HTTPException(404, detail={"message": str(exc)}) from exc
+    except OperationFinished as exc:
+        audit(request.scope, "cancel", outcome="finished", operation=op_id)
+        raise HTTPException(
+            409, detail={"message": str(exc), "operation": redact(exc.operation.to_json())}
+        ) from exc
+    audit(request.scope, "cancel", outcome="accepted", operation=op.id)
+    return await _answer(op, wait)
 
 
 async def _control(request: Request, sup: Supervisor, kind: str, wait: bool) -> JSONResponse:
@@ -170,9 +193,9 @@ async def restart(request: Request, sup: SupervisorDep, wait: WaitQuery = False)
 
 
 @router.get("/metrics")
-async def metrics(registry: MetricsDep) -> Response:
+async def metrics(registry: MetricsDep, sup: SupervisorDep) -> Response:
     """Prometheus exposition; GPU memory is sampled now (in a worker thread)."""
-    body = await asyncio.to_thread(registry.render)
+    body = await asyncio.to_thread(registry.render, sup.view())
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
@@ -185,7 +208,7 @@ async def logs(
     ] = 0,
 ) -> PlainTextResponse:
     """The server's last ``tail`` log lines of one launch, as text."""
-    path = await asyncio.to_thread(log_for_launch, sup.store.logs_dir, launch)
+    path = await asyncio.to_thread(log_for_launch, sup.view().logs_dir, launch)
     if path is None:
         raise HTTPException(404, detail={"message": f"no log of launch {launch} (0 = newest)"})
     lines = await asyncio.to_thread(tail_lines, path, tail, 16 * 1024 * 1024)

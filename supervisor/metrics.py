@@ -9,6 +9,7 @@ scrape time by a collector; durations are histograms observed when an operation 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,7 @@ from supervisor.states import ServerState
 from supervisor.version import python_version, version
 
 if TYPE_CHECKING:
-    from supervisor.core import Supervisor
+    from supervisor.engine import Supervisor, SupervisorView
 
 PREFIX = "sglang_supervisor"
 #: Model loads take minutes: buckets reach 30 minutes.
@@ -42,26 +43,28 @@ def phase_label(name: str) -> str | None:
 class _Collector(Collector):
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
+        #: The view taken on the event loop for the render in progress.
+        self.view: SupervisorView | None = None
 
     def collect(self) -> Iterator[Metric]:
-        sup = self.sup
+        view = self.view or self.sup.view()
         state = GaugeMetricFamily(
             f"{PREFIX}_state",
             "1 for the state the server is in, 0 for the others",
             labels=["state"],
         )
         for s in ServerState:
-            state.add_metric([s.value], 1.0 if sup.state == s else 0.0)
+            state.add_metric([s.value], 1.0 if view.state == s else 0.0)
         yield state
         yield GaugeMetricFamily(
             f"{PREFIX}_state_seconds",
             "Seconds since the last state change",
-            value=max(0.0, sup.clock() - sup.state_since),
+            value=view.state_for_s,
         )
         yield GaugeMetricFamily(
             f"{PREFIX}_server_up",
             "1 while the server is ready (answered /health_generate)",
-            value=1.0 if sup.state == ServerState.READY else 0.0,
+            value=1.0 if view.state == ServerState.READY else 0.0,
         )
         restarts = CounterMetricFamily(
             f"{PREFIX}_restarts",
@@ -69,46 +72,47 @@ class _Collector(Collector):
             labels=["reason"],
         )
         for reason in ("crash", "hung"):
-            restarts.add_metric([reason], float(sup.restarts_by_reason.get(reason, 0)))
+            restarts.add_metric([reason], float(view.restarts_by_reason.get(reason, 0)))
         yield restarts
         ops = CounterMetricFamily(
             f"{PREFIX}_operations",
             "Finished operations by kind and outcome",
             labels=["kind", "outcome"],
         )
-        counts = dict(sup.operation_counts)
+        counts = dict(view.operation_counts)
         # Every series exists from the start (at 0), so increase() sees the first one.
         for kind in OPERATION_KINDS:
             for outcome in OUTCOMES:
                 ops.add_metric([kind, outcome], float(counts.get((kind, outcome), 0)))
         yield ops
-        yield self._operation_running()
-        if sup.last_apply_success_time is not None:
+        yield self._operation_running(view)
+        if view.last_apply_success_time is not None:
             yield GaugeMetricFamily(
                 f"{PREFIX}_last_successful_apply_timestamp_seconds",
                 "Unix time of the last apply that ended succeeded",
-                value=sup.last_apply_success_time,
+                value=view.last_apply_success_time,
             )
-        yield from self._gpus()
-        yield from self._server()
+        yield from self._gpus(view)
+        yield from self._server(view)
 
-    def _operation_running(self) -> Metric:
+    def _operation_running(self, view: SupervisorView) -> Metric:
         """1 for the kind of the operation running now (a dry run is not one): alerts on
         a server that is down leave out planned work (apply, start, restart, stop)."""
-        op = self.sup.operation
+        op = view.operation
         running = GaugeMetricFamily(
             f"{PREFIX}_operation_running",
             "1 while an operation of this kind runs (apply, stop, start, restart are an "
             "operator's; recover restarts a crashed server; shutdown is the daemon's exit)",
             labels=["kind"],
         )
-        busy = op is not None and not op.finished and not op.dry_run
+        busy = op is not None and op["state"] == "running" and not op["dry_run"]
         for kind in OPERATION_KINDS:
-            running.add_metric([kind], 1.0 if busy and op is not None and op.kind == kind else 0.0)
+            running.add_metric(
+                [kind], 1.0 if busy and op is not None and op["kind"] == kind else 0.0
+            )
         return running
 
-    def _gpus(self) -> Iterator[Metric]:
-        sup = self.sup
+    def _gpus(self, view: SupervisorView) -> Iterator[Metric]:
         used = GaugeMetricFamily(
             f"{PREFIX}_gpu_memory_used_bytes",
             "GPU memory used, read at scrape time",
@@ -126,7 +130,7 @@ class _Collector(Collector):
             f"{PREFIX}_gpu_query_ok", "1 when the last GPU query succeeded, 0 when it failed"
         )
         try:
-            samples = sup.probe.sample([g.index for g in sup.managed])
+            samples = self.sup.sample_gpus()
         except GpuQueryError:
             errors.add_metric([], 0.0)
             yield errors
@@ -136,13 +140,13 @@ class _Collector(Collector):
             label = [str(s.index)]
             used.add_metric(label, float(s.memory_used_bytes))
             total.add_metric(label, float(s.memory_total_bytes))
-            if s.index in sup.baseline:
-                baseline.add_metric(label, float(sup.baseline[s.index]))
+            if s.index in view.baseline:
+                baseline.add_metric(label, float(view.baseline[s.index]))
         yield from (used, total, baseline, errors)
 
-    def _server(self) -> Iterator[Metric]:
-        t = self.sup.throughput
-        server = self.sup.server
+    def _server(self, view: SupervisorView) -> Iterator[Metric]:
+        t = view.throughput
+        server = view.server
         if server is not None and server.max_total_num_tokens is not None:
             yield GaugeMetricFamily(
                 f"{PREFIX}_server_max_total_num_tokens",
@@ -214,6 +218,7 @@ class SupervisorMetrics:
 
     def __init__(self, sup: Supervisor) -> None:
         self.registry = CollectorRegistry()
+        self._lock = threading.Lock()
         self.phase_seconds = Histogram(
             f"{PREFIX}_phase_duration_seconds",
             "Duration of each phase of an operation (a rollback's phases under their base name)",
@@ -228,7 +233,8 @@ class SupervisorMetrics:
             buckets=DURATION_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(_Collector(sup))
+        self._collector = _Collector(sup)
+        self.registry.register(self._collector)
         build = GaugeMetricFamily(
             f"{PREFIX}_build_info",
             "Always 1; the daemon's version and Python in the labels",
@@ -248,5 +254,12 @@ class SupervisorMetrics:
         if op.kind in OPERATION_KINDS and op.duration_s is not None and not op.dry_run:
             self.operation_seconds.labels(op.kind).observe(op.duration_s)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, view: SupervisorView | None = None) -> bytes:
+        """The exposition text; ``view`` is the supervisor as seen on the event loop
+        (blocking: GPU memory is sampled now)."""
+        with self._lock:
+            self._collector.view = view
+            try:
+                return generate_latest(self.registry)
+            finally:
+                self._collector.view = None

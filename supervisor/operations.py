@@ -85,6 +85,12 @@ class Operation:
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     #: Called with each phase as it starts and ends (the event stream).
     listener: Callable[[Operation, dict[str, Any]], None] | None = field(default=None, repr=False)
+    #: An operator's request to end it early, until honoured at the next phase boundary.
+    cancel_requested: str | None = field(default=None, repr=False)
+    #: The cancel request once it was honoured (the operation then rolls back or fails).
+    cancelled: str | None = field(default=None, repr=False)
+    #: Set by a cancel or shutdown request: the operation's waits end early to notice it.
+    wake: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     @property
     def finished(self) -> bool:

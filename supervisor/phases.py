@@ -45,8 +45,6 @@ class PhaseName(enum.StrEnum):
     INTERRUPTED_APPLY = "interrupted_apply"
     #: A process that is not ours holds a managed GPU: nothing is started.
     FOREIGN_PROCESSES = "foreign_processes"
-    #: An operator cancelled the operation (POST /operations/{id}/cancel).
-    CANCEL = "cancel"
 
 
 class PhasePrefix(enum.StrEnum):

@@ -9,7 +9,7 @@ from pathlib import Path
 from supervisor import process
 from supervisor.backend import Backend, ServerHandle
 from supervisor.config import Settings, instance_name
-from supervisor.core import Supervisor
+from supervisor.engine import Supervisor
 from supervisor.health import HttpHealthChecker
 from supervisor.schema import load_bundled
 from supervisor.sglang_parser import load_schema

@@ -1,7 +1,7 @@
 """The server's lifecycle states and the transitions allowed between them.
 
 This module imports nothing of the project: it is the vocabulary every other module
-shares. The one function that performs a transition lives in ``core.Supervisor``; it
+shares. The one function that performs a transition lives in ``engine.Supervisor``; it
 checks every move against ``ALLOWED`` below.
 """
 
@@ -30,7 +30,8 @@ ALLOWED: dict[ServerState, frozenset[ServerState]] = {
     # starting -> stopping: start failed (exit, OOM, readiness timeout) or was cancelled.
     S.STARTING: frozenset({S.READY, S.STOPPING}),
     S.READY: frozenset({S.DRAINING, S.STOPPING}),
-    S.DRAINING: frozenset({S.STOPPING}),
+    # draining -> ready: an operator cancelled the apply before anything was stopped.
+    S.DRAINING: frozenset({S.STOPPING, S.READY}),
     S.STOPPING: frozenset({S.RELEASING}),
     # releasing ends only when every managed GPU is verified released (or it never is: failed).
     S.RELEASING: frozenset({S.STOPPED, S.BACKOFF, S.FAILED}),

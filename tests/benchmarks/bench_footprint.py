@@ -106,9 +106,9 @@ def run(ctx: Context) -> Result:
         + ").",
         f"With the server stopped (no liveness probe, no telemetry scrape) the daemon still uses "
         f"{stopped_pct:.2f} % of a core: timers that wake every 0.1 s — uvicorn's own main-loop "
-        "tick and Supervisor._watch_exit (poll_s=0.1, supervisor/core.py). The telemetry scrape "
-        f"of the server's /metrics every 2 s and the liveness probe add the other "
-        f"{cpu_pct - stopped_pct:.2f} %.",
+        "tick and the Supervisor's watch ticker (poll_s=0.1, supervisor/engine/watch.py). "
+        "The telemetry scrape of the server's /metrics every 2 s and the liveness probe add "
+        f"the other {cpu_pct - stopped_pct:.2f} %.",
     ]
     return Result(
         NAME,

@@ -419,7 +419,7 @@ class Bench:
     async def _swap(self) -> dict[str, Any]:
         from supervisor.backend import Backend
         from supervisor.config import ServerSettings, Settings, TimeoutSettings
-        from supervisor.core import Supervisor
+        from supervisor.engine import Supervisor
         from supervisor.health import HttpHealthChecker
         from supervisor.runtime import OsProcessOps
         from supervisor.schema import load_bundled

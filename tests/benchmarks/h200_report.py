@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             "## One swap through the Supervisor core",
             "",
-            "The apply transaction of `supervisor.core.Supervisor` (run in-process, the stand-in "
+            "The apply transaction of `supervisor.engine.Supervisor` (run in-process, the stand-in "
             "as its backend, `NvmlProbe`, production timeouts except stop_grace_s "
             f"{results['meta']['grace_s']:g} s and probation_s 0): 4 ranks × "
             f"{swap['from_env'].get('SGLANG_STANDIN_GIB')} GiB → "

@@ -25,7 +25,7 @@ import psutil
 
 from supervisor.backend import Backend
 from supervisor.config import ServerSettings, Settings, TimeoutSettings
-from supervisor.core import Supervisor
+from supervisor.engine import Supervisor
 from supervisor.gpu import GpuInfo, GpuProcess, GpuQueryError, GpuSample
 from supervisor.health import Probe
 from supervisor.process import Survivor, TeardownReport, describe_exit

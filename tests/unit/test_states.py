@@ -32,6 +32,7 @@ EDGES: dict[tuple[ServerState, ServerState], str] = {
     (S.READY, S.DRAINING): "apply with a drain timeout",
     (S.READY, S.STOPPING): "apply, stop, restart, crash or hang of a ready server",
     (S.DRAINING, S.STOPPING): "drain finished or timed out",
+    (S.DRAINING, S.READY): "an operator cancelled the apply during its drain",
     (S.STOPPING, S.RELEASING): "every member exited (or teardown gave up)",
     (S.RELEASING, S.STOPPED): "every managed GPU verified released",
     (S.RELEASING, S.BACKOFF): "released after a crash; wait before restarting",
@@ -55,7 +56,7 @@ def test_transition_allowed(edge: tuple[ServerState, ServerState]) -> None:
 
 
 def test_allowed_edges_are_exactly_the_documented_ones() -> None:
-    """A new edge needs a line in EDGES above (and a test of its behaviour in test_core)."""
+    """A new edge needs a line in EDGES above (and a test of its behaviour in tests/unit/engine)."""
     actual = {(old, new) for old, targets in ALLOWED.items() for new in targets}
     assert actual == set(EDGES)
 

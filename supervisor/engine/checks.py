@@ -1,0 +1,158 @@
+"""Everything knowable before the stop: validation of a lever set (the schema, then
+SGLang's own parser and checks), preflight of the host's resources, and processes that
+are not ours on the managed GPUs. Nothing here changes anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from supervisor import preflight as host_preflight
+from supervisor.engine.server import flags, members_now
+from supervisor.gpu import GpuQueryError, GpuSample
+from supervisor.levers import LeverError, LeverProblem, LeverSet, check_levers
+from supervisor.operations import FAILED, Operation
+from supervisor.phases import PhaseName
+from supervisor.sglang_parser import ParserUnavailable, check_argv, lever_for_message
+from supervisor.states import IDLE_STATES
+from supervisor.units import fmt_gib
+
+if TYPE_CHECKING:
+    from supervisor.engine.supervisor import Supervisor
+
+log = logging.getLogger("supervisor")
+
+
+async def before_the_stop(
+    sup: Supervisor, requested: LeverSet
+) -> tuple[LeverSet, list[tuple[PhaseName, str, float]]]:
+    """Validate, then preflight ``requested``: the canonical set and, per phase that
+    passed, what it checked and how long it took. Raises ``LeverError`` naming every
+    problem (nothing was touched)."""
+    t0 = time.monotonic()
+    checked, validate_detail = await validate(sup, requested)
+    t_validate = time.monotonic() - t0
+    problems = await preflight(sup, checked)
+    t_preflight = time.monotonic() - t0 - t_validate
+    if problems:
+        raise LeverError(problems)
+    return checked, [
+        (PhaseName.VALIDATE, validate_detail, t_validate),
+        (PhaseName.PREFLIGHT, "GPUs, host RAM, port, model path", t_preflight),
+    ]
+
+
+async def validate(sup: Supervisor, requested: LeverSet) -> tuple[LeverSet, str]:
+    """Check a full lever set in two stages; raises ``LeverError`` naming every bad lever.
+
+    (a) the schema: exact names, types, choices, owned flags, the env allowlist;
+    (b) SGLang's own ``prepare_server_args`` and its GPU-free cross-field checks, run in
+    the server's interpreter (skipped, with a warning in /status, when it has no SGLang).
+    Returns the canonical set and a line saying what ran and how long it took.
+    """
+    t0 = time.monotonic()
+    checked = check_levers(requested, sup.schema)
+    detail = f"schema of SGLang {sup.schema.sglang_version}: {(time.monotonic() - t0) * 1e3:.1f} ms"
+    if not sup.schema_live:
+        return checked, detail + "; SGLang's own parser not available"
+    try:
+        verdict = await asyncio.to_thread(
+            check_argv, sup.settings.server.python, flags(sup, checked)
+        )
+    except ParserUnavailable as exc:
+        problem = LeverProblem("levers", f"cannot run SGLang's parser: {exc}")
+        raise LeverError([problem]) from exc
+    if not verdict.ok:
+        message = verdict.message or "refused"
+        lever = lever_for_message(message, sup.schema, list(checked.levers))
+        what = "parser" if verdict.stage == "parse" else "cross-field checks"
+        raise LeverError(
+            [
+                LeverProblem(
+                    lever, f"SGLang {sup.schema.sglang_version}'s {what} refused it: {message}"
+                )
+            ]
+        )
+    detail += f"; SGLang's parser and checks: {verdict.duration_s:.2f} s"
+    if verdict.message:
+        # Some checks read values only SGLang's start-up resolves (from the model or
+        # the GPU): the ones before that ran; say where they stopped.
+        detail += f" (cross-field checks stopped early, {verdict.message})"
+    return checked, detail
+
+
+async def preflight(sup: Supervisor, levers: LeverSet) -> list[LeverProblem]:
+    """Resource problems of ``levers`` on this host (empty: it can start)."""
+    if sup.backend.name == "sglang" and not sup.schema_live:
+        return [
+            LeverProblem(
+                "server.python",
+                f"{sup.settings.server.python} cannot run SGLang ({sup.schema_warning}); "
+                "install SGLang there or fix server.python",
+            )
+        ]
+    samples: list[GpuSample] | None
+    try:
+        samples = await asyncio.to_thread(sup.probe.sample, sup.gpu_indices())
+    except GpuQueryError as exc:
+        return [LeverProblem("gpus", f"cannot query the managed GPUs: {exc}")]
+    members = await asyncio.to_thread(members_now, sup)
+    running = sup.state not in IDLE_STATES
+    freed = 0
+    if running and sup.server is not None:
+        gpu_total = min((g.memory_total_bytes for g in sup.managed), default=0)
+        freed = host_preflight.pinned_host_bytes(sup.server.levers.levers, gpu_total)
+    return await asyncio.to_thread(
+        host_preflight.check,
+        levers,
+        managed=sup.managed,
+        samples=samples,
+        member_pids=members,
+        pids_are_local=sup.probe.pids_are_local(),
+        host=host_preflight.host_facts(sup.backend.simulated_host_ram_bytes),
+        freed_on_stop_bytes=freed,
+        server_host=sup.settings.server.host,
+        server_port=sup.settings.server.port,
+        port_is_ours=running,
+    )
+
+
+async def foreign_processes(sup: Supervisor) -> str | None:
+    """A description of processes that are not ours on the managed GPUs, or None.
+
+    Raises ``GpuQueryError``: a failed query never reads as "no foreign process"."""
+    if not sup.probe.pids_are_local():
+        return None
+    samples = await asyncio.to_thread(sup.probe.sample, sup.gpu_indices())
+    members = await asyncio.to_thread(members_now, sup)
+    found = [
+        f"pid {p.pid} holds "
+        + ("an unknown amount" if p.used_bytes is None else fmt_gib(p.used_bytes))
+        + f" on GPU {s.index}"
+        for s in samples
+        for p in s.processes
+        if p.pid not in members
+    ]
+    return "; ".join(found) or None
+
+
+async def refuse_if_foreign(sup: Supervisor, op: Operation) -> bool:
+    """Fail ``op`` (True) when a process that is not ours holds a managed GPU."""
+    try:
+        foreign = await foreign_processes(sup)
+    except GpuQueryError as exc:
+        why = f"not starting: the managed GPUs cannot be queried: {exc}"
+    else:
+        if foreign is None:
+            return False
+        why = (
+            f"not starting: {foreign}; stop it or take that GPU out of server.gpus, then "
+            "POST /start (a process that is not ours is never killed automatically)"
+        )
+    log.error("%s", why)
+    op.phase(PhaseName.FOREIGN_PROCESSES).end(FAILED, why)
+    op.finish(FAILED, why)
+    return True

@@ -1,0 +1,343 @@
+"""One server launch: spawn it until ready, watch its probation, explain its exit, and
+stop it and verify its GPUs released.
+
+Every OS step (spawn, teardown, the release wait) runs in a worker thread and is never
+cancelled midway: a shutdown or an operator's cancel is noticed at the next phase
+boundary (``checkpoint``) or at the next poll of a wait, never inside a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from supervisor import preflight, serverlogs
+from supervisor.backend import ServerHandle
+from supervisor.gpu import GpuSample, cuda_visible_devices, wait_released
+from supervisor.levers import LeverSet, render_argv
+from supervisor.operations import FAILED, SUCCEEDED, Operation, wall_iso
+from supervisor.phases import PhaseName
+from supervisor.process import TeardownReport
+from supervisor.serverenv import server_environ
+from supervisor.states import ServerState
+from supervisor.telemetry import tail_lines
+from supervisor.units import GiB, MiB
+
+if TYPE_CHECKING:
+    from supervisor.engine.supervisor import Supervisor
+
+log = logging.getLogger("supervisor")
+S = ServerState
+
+
+@dataclass
+class ServerInfo:
+    handle: ServerHandle
+    levers: LeverSet
+    started_at: str = field(default_factory=wall_iso)
+    ready_at: str | None = None
+    max_total_num_tokens: int | None = None
+
+
+class StartFailed(Exception):
+    """A launch did not become ready; the message says why (exit status, OOM, timeout)."""
+
+
+class Cancelled(Exception):
+    """A shutdown or an operator's cancel, noticed at a phase boundary."""
+
+    def __init__(self, reason: str, *, shutdown: bool) -> None:
+        super().__init__(reason)
+        self.shutdown = shutdown
+
+
+SHUTDOWN_REASON = "the daemon was shut down during the operation"
+
+
+def checkpoint(sup: Supervisor, op: Operation) -> None:
+    """A phase boundary: raise ``Cancelled`` when a shutdown or a cancel is pending.
+
+    An operator's cancel is honoured once (``op.cancelled`` records it), so the rollback
+    that follows runs to its end; a shutdown is honoured at every boundary.
+    """
+    if sup.shutdown_requested:
+        raise Cancelled(SHUTDOWN_REASON, shutdown=True)
+    reason = op.cancel_requested
+    if reason is not None:
+        op.cancel_requested = None
+        op.cancelled = reason
+        op.wake.clear()
+        raise Cancelled(reason, shutdown=False)
+
+
+async def pause(sup: Supervisor, op: Operation, seconds: float) -> None:
+    """Sleep ``seconds``, ending early (``Cancelled``) on a shutdown or cancel request."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(op.wake.wait(), seconds)
+    checkpoint(sup, op)
+
+
+# ---------------------------------------------------------------------- launch
+
+
+def flags(sup: Supervisor, levers: LeverSet) -> list[str]:
+    """The server's flags: the levers, then the ones the supervisor owns."""
+    s = sup.settings.server
+    owned = ["--host", s.host, "--port", str(s.port), "--enable-metrics"]
+    return [*render_argv(levers, sup.schema), *owned]
+
+
+def server_env(sup: Supervisor, levers: LeverSet) -> dict[str, str]:
+    """The server's environment: the daemon's (less its own settings), the backend's,
+    the levers', and the managed GPUs by UUID."""
+    env = server_environ(os.environ, sup.settings.state_dir)
+    env.update(sup.backend.env)
+    env.update(levers.env)
+    env.update(cuda_visible_devices(sup.managed)[1])
+    return env
+
+
+async def launch_until_ready(
+    sup: Supervisor,
+    op: Operation,
+    levers: LeverSet,
+    *,
+    probation: bool,
+    phase: str = PhaseName.START,
+) -> bool:
+    """starting -> ready (+ probation). On failure the server is left for the caller to
+    tear down, and ``op.rollback_reason`` / ``op.log_tail`` say why; an operator's cancel
+    is such a failure. Raises ``Cancelled`` on a shutdown (the launch is recorded, so the
+    shutdown's own teardown finds it)."""
+    ph = op.phase(phase)
+    handle: ServerHandle | None = None
+    try:
+        checkpoint(sup, op)
+        tag = f"{sup.tag_prefix}{uuid.uuid4().hex[:12]}"
+        # Microseconds in the name keep launches in order even within one second.
+        now = time.time()
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
+        log_path = sup.journal.logs_dir / f"server-{stamp}-{tag.rsplit('.', 1)[-1]}.log"
+        sup.transition(S.STARTING, f"{op.kind} {op.id}: levers {levers.digest()}")
+        sup.levers = levers
+        await asyncio.to_thread(
+            serverlogs.prune, sup.journal.logs_dir, sup.settings.server.log_keep_launches - 1
+        )
+        argv = [*sup.backend.command, *flags(sup, levers)]
+        try:
+            handle = await asyncio.to_thread(
+                sup.procs.spawn, argv, server_env(sup, levers), tag=tag, log_path=log_path
+            )
+        except OSError as exc:
+            op.rollback_reason = str(exc)
+            ph.end(FAILED, str(exc))
+            return False
+        # Recorded before anything else can happen: a shutdown's teardown finds it.
+        sup.server = ServerInfo(handle=handle, levers=levers)
+        await sup.journal.record_launch(handle, levers)
+        sup.events.publish("launch", operation=op.id, pid=handle.pid, tag=tag, log=str(log_path))
+        await wait_ready(sup, op, handle)
+        ph.end(SUCCEEDED, f"pid {handle.pid} ready")
+        if probation and sup.settings.timeouts.probation_s > 0:
+            ph = op.phase(PhaseName.PROBATION)
+            await watch_probation(sup, op, handle)
+            ph.end(SUCCEEDED, f"pid {handle.pid} still serving")
+    except StartFailed as exc:
+        op.rollback_reason = str(exc)
+        if handle is not None:
+            op.log_tail = await asyncio.to_thread(tail_lines, handle.log_path, 30)
+        ph.end(FAILED, str(exc))
+        return False
+    except Cancelled as exc:
+        if exc.shutdown:
+            ph.end(FAILED, f"interrupted: {exc}")
+            raise
+        op.rollback_reason = str(exc)
+        if handle is not None:
+            op.rollback_reason += f" while pid {handle.pid} was {ph.name}"
+        ph.end(FAILED, op.rollback_reason)
+        return False
+    return True
+
+
+async def wait_ready(sup: Supervisor, op: Operation, handle: ServerHandle) -> None:
+    """starting -> ready once /health_generate answers 200. Raises ``StartFailed`` when
+    the launcher exits or ``ready_timeout_s`` passes; ``Cancelled`` at the next poll after
+    a cancel or shutdown request."""
+    t = sup.settings.timeouts
+    t0 = sup.clock()
+    deadline = t0 + t.ready_timeout_s
+    while True:
+        if handle.poll():
+            raise StartFailed(await exit_reason(handle, "during start"))
+        checkpoint(sup, op)
+        remaining = deadline - sup.clock()
+        if remaining <= 0:
+            raise StartFailed(
+                f"not ready after {t.ready_timeout_s:g}s (ready_timeout_s): "
+                f"/health_generate never answered 200; pid {handle.pid} was still running"
+            )
+        probe = await sup.health.generate_ok(sup.url, min(5.0, max(0.5, remaining)))
+        if probe.ok:
+            break
+        # Probing often keeps the lag between "ready" and noticing it short; after the
+        # first 10 s (a real model load takes minutes) a tenth of the rate is enough.
+        interval = t.readiness_poll_s if sup.clock() - t0 < 10 else t.readiness_poll_s * 10
+        await pause(sup, op, min(interval, sup.poll_s * 5))
+    info: dict[str, Any] = {}
+    with contextlib.suppress(Exception):
+        info = await sup.health.server_info(sup.url, 5.0)
+    assert sup.server is not None
+    sup.server.ready_at = wall_iso()
+    tokens = info.get("max_total_num_tokens")
+    sup.server.max_total_num_tokens = int(tokens) if isinstance(tokens, (int, float)) else None
+    sup.watch.reset_liveness()
+    sup.transition(
+        S.READY, f"pid {handle.pid} answered /health_generate after {sup.clock() - t0:.1f}s"
+    )
+
+
+async def watch_probation(sup: Supervisor, op: Operation, handle: ServerHandle) -> None:
+    """The new server must stay up for ``probation_s`` after it was first ready."""
+    deadline = sup.clock() + sup.settings.timeouts.probation_s
+    while True:
+        if handle.poll():
+            raise StartFailed(await exit_reason(handle, "within the probation window"))
+        if sup.clock() >= deadline:
+            return
+        await pause(sup, op, sup.poll_s)
+
+
+async def exit_reason(handle: ServerHandle, when: str) -> str:
+    """Why the launcher exited, with what its log says (OOM, rejected arguments)."""
+    why = f"the server (pid {handle.pid}) {handle.describe_exit()} {when}"
+    tail = await asyncio.to_thread(tail_lines, handle.log_path, 60)
+    text = "\n".join(tail).lower()
+    if "out of memory" in text or "outofmemoryerror" in text:
+        why += (
+            "; its log reports CUDA out of memory: lower mem_fraction_static "
+            "(or max_running_requests / chunked_prefill_size)"
+        )
+    elif "error: unrecognized arguments" in text or "error: argument" in text:
+        line = next((ln for ln in reversed(tail) if "error:" in ln), "")
+        why += f"; it rejected its arguments: {line.strip()}"
+    return why
+
+
+# ----------------------------------------------------------- stop and release
+
+
+def members_now(sup: Supervisor) -> set[int]:
+    """Pids of every process of ours (blocking: a /proc scan)."""
+    handle = sup.server.handle if sup.server is not None else None
+    return sup.procs.members(handle, tag=None, tag_prefix=sup.tag_prefix)
+
+
+async def teardown(sup: Supervisor, handle: ServerHandle | None) -> TeardownReport:
+    """SIGTERM the group and every member, SIGKILL after ``stop_grace_s`` (at once when
+    the shutdown is forced). Runs to its end in a worker thread."""
+    t = sup.settings.timeouts
+    return await asyncio.to_thread(
+        sup.procs.teardown,
+        handle,
+        tag=None if handle is None else handle.tag,
+        tag_prefix=sup.tag_prefix,
+        grace_s=0.0 if sup.shutdown_forced else t.stop_grace_s,
+        kill_timeout_s=t.kill_timeout_s,
+    )
+
+
+def release_timeout(sup: Supervisor, levers: LeverSet | None) -> float:
+    """How long GPU memory may take to come back: longer for a pinned host pool."""
+    t = sup.settings.timeouts
+    if levers is None:
+        return t.release_timeout_s
+    gpu_total = min((g.memory_total_bytes for g in sup.managed), default=0)
+    pinned_gib = preflight.pinned_host_bytes(levers.levers, gpu_total) / GiB
+    return t.release_timeout_s + t.release_s_per_pinned_gib * pinned_gib
+
+
+def teardown_budget(sup: Supervisor) -> float:
+    """The longest a shutdown may take: the rest of a drain in progress (unless forced),
+    grace + kill wait + release (pinned memory)."""
+    t = sup.settings.timeouts
+    levers = sup.server.levers if sup.server is not None else None
+    drain = 0.0
+    if sup.drain_deadline is not None and not sup.shutdown_forced:
+        drain = max(0.0, sup.drain_deadline - sup.clock())
+    return drain + t.stop_grace_s + t.kill_timeout_s + release_timeout(sup, levers)
+
+
+async def stop_and_release(
+    sup: Supervisor, op: Operation, reason: str, then: ServerState, prefix: str = ""
+) -> bool:
+    """stopping -> releasing -> ``then`` (or failed). Returns whether GPUs are released.
+
+    SIGTERM to the process group and every member, SIGKILL after ``stop_grace_s``,
+    then wait until every managed GPU shows no member and baseline memory. Never
+    interrupted: a cancel or shutdown request waits for it to end.
+    """
+    if sup.state not in (S.STOPPING, S.RELEASING):
+        sup.transition(S.STOPPING, reason)
+    handle = sup.server.handle if sup.server is not None else None
+    levers = sup.server.levers if sup.server is not None else None
+    ph = op.phase(prefix + PhaseName.STOP)
+    report = await teardown(sup, handle)
+    ph.end(SUCCEEDED if report.clean else FAILED, report.describe())
+    sup.events.publish("teardown", operation=op.id, **report.to_json())
+    if sup.state == S.STOPPING:
+        sup.transition(S.RELEASING, reason)
+    ph = op.phase(prefix + PhaseName.RELEASE)
+    known = set(report.members)
+
+    def members() -> set[int]:
+        return known | {s.pid for s in report.survivors}
+
+    t = sup.settings.timeouts
+    loop = asyncio.get_running_loop()
+
+    def on_sample(samples: list[GpuSample]) -> None:
+        data = [{"index": s.index, "memory_used_bytes": s.memory_used_bytes} for s in samples]
+        loop.call_soon_threadsafe(
+            lambda: sup.events.publish("release_sample", operation=op.id, gpus=data)
+        )
+
+    baseline, tolerance = sup.baseline, t.release_tolerance_mib * MiB
+    if any(i not in baseline for i in sup.gpu_indices()):
+        # Never measured (the start failed before it could be): judge by member pids
+        # alone rather than call a GPU empty against a made-up baseline.
+        log.warning("no GPU baseline yet: release is judged by member processes only")
+        baseline, tolerance = {g.index: g.memory_total_bytes for g in sup.managed}, 0
+    result = await asyncio.to_thread(
+        wait_released,
+        sup.probe,
+        sup.gpu_indices(),
+        baseline,
+        members,
+        timeout_s=release_timeout(sup, levers),
+        tolerance_bytes=tolerance,
+        consecutive=t.release_samples,
+        interval_s=t.release_interval_s,
+        on_sample=on_sample,
+    )
+    sup.server = None
+    await sup.journal.record_gone()
+    if result.released:
+        ph.end(SUCCEEDED, result.describe())
+        sup.transition(then, f"{reason}: GPUs released")
+        return True
+    why = result.describe()
+    if report.survivors:
+        why += "; still alive: " + "; ".join(s.describe() for s in report.survivors)
+    foreign = sorted({p for g in result.gpus for p in g.foreign_pids})
+    if foreign:
+        why += f"; processes not ours on the GPUs: {foreign} (never killed automatically)"
+    ph.end(FAILED, why)
+    sup.transition(S.FAILED, why)
+    return False

@@ -1,0 +1,238 @@
+"""Start-up: the persisted state, the live schema, the managed GPUs; then the initial
+start operation: adopt the server an earlier daemon left running, or clear leftovers of
+ours, measure the GPU baseline, report an interrupted apply and launch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from supervisor.engine.checks import refuse_if_foreign
+from supervisor.engine.server import (
+    ServerInfo,
+    StartFailed,
+    checkpoint,
+    launch_until_ready,
+    members_now,
+    release_timeout,
+    teardown,
+    wait_ready,
+)
+from supervisor.engine.transaction import commit, recover
+from supervisor.gpu import GpuInfo, GpuQueryError, resolve_gpus, wait_released
+from supervisor.levers import LeverError, LeverSet, check_levers
+from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
+from supervisor.phases import PhaseName, PhasePrefix, prefixed
+from supervisor.states import ServerState
+from supervisor.store import RecordedServer
+
+if TYPE_CHECKING:
+    from supervisor.engine.supervisor import Supervisor
+
+log = logging.getLogger("supervisor")
+S = ServerState
+
+
+async def prepare(sup: Supervisor) -> None:
+    """Read the state, the live schema and the GPUs; choose the levers to start with.
+
+    Raises ``ValueError`` (bad config: unknown GPU, invalid initial levers) before
+    anything is started.
+    """
+    persisted = await sup.journal.load()
+    if sup.schema_loader is not None:
+        loaded = await asyncio.to_thread(
+            sup.schema_loader, sup.settings.server.python, sup.journal.dir / "schema-cache"
+        )
+        sup.schema, sup.schema_live = loaded.schema, loaded.live
+        sup.schema_warning = loaded.warning
+        if loaded.warning:
+            log.warning("%s", loaded.warning)
+            sup.warn(loaded.warning)
+    sup.managed = await asyncio.to_thread(resolve_managed, sup, sup.settings.server.gpus)
+    # Persisted levers were checked against the SGLang of their day: check them again
+    # against this one (an upgrade may have renamed a flag).
+    sup.last_good = recheck(sup, persisted.last_good, "last-good")
+    initial = sup.last_good or recheck(sup, persisted.levers, "persisted")
+    if initial is None:
+        configured = LeverSet(sup.settings.server.levers, sup.settings.server.env)
+        try:
+            initial = check_levers(configured, sup.schema)
+        except LeverError as exc:
+            raise ValueError(f"the configured initial levers are invalid: {exc}") from exc
+    sup.levers = initial
+    if not sup.probe.pids_are_local():
+        sup.warn(
+            "GPU process ids come from another PID namespace (a container without the "
+            "host's PID namespace): membership by pid is impossible, so release is "
+            "decided by GPU memory alone"
+        )
+
+
+def recheck(sup: Supervisor, levers: LeverSet | None, what: str) -> LeverSet | None:
+    if levers is None:
+        return None
+    try:
+        return check_levers(levers, sup.schema)
+    except LeverError as exc:
+        why = (
+            f"the {what} levers in {sup.journal.dir} do not fit SGLang "
+            f"{sup.schema.sglang_version} ({exc}); not using them"
+        )
+        log.error("%s", why)
+        sup.warn(why)
+        return None
+
+
+def resolve_managed(sup: Supervisor, names: list[str]) -> list[GpuInfo]:
+    """The managed GPUs: those named (index or UUID), or every GPU the probe sees."""
+    return resolve_gpus(sup.probe, names or [str(d.index) for d in sup.probe.devices()])
+
+
+async def initial_start(sup: Supervisor, op: Operation) -> None:
+    """Adopt the recorded server if it is healthy; else clear leftovers and launch."""
+    persisted = sup.journal.recorded
+    record = persisted.server
+    if record is not None and await try_adopt(sup, op, record):
+        return
+    # Leftovers of an earlier daemon (same instance tag) go first, so the baseline is
+    # measured with nothing of ours on the GPUs.
+    members = await asyncio.to_thread(members_now, sup)
+    try:
+        if members:
+            await clear_leftovers(sup, op, members)
+        await measure_baseline(sup)
+    except StartFailed as exc:
+        op.finish(FAILED, str(exc))
+        return
+    checkpoint(sup, op)
+    if await refuse_if_foreign(sup, op):
+        return
+    pending = persisted.pending_operation
+    if pending is not None:
+        op.phase(PhaseName.INTERRUPTED_APPLY).end(
+            ROLLED_BACK,
+            f"apply {pending.get('id')} was interrupted by the daemon's exit; "
+            "starting the last-good levers",
+        )
+        await sup.journal.clear_pending(save=False)
+    if not await launch_until_ready(sup, op, sup.levers, probation=False):
+        await recover(sup, op, op.rollback_reason or "the initial start failed")
+        return
+    await commit(sup, op, sup.levers)
+
+
+async def try_adopt(sup: Supervisor, op: Operation, record: RecordedServer) -> bool:
+    """Keep a server an earlier daemon left running, if it is healthy: no reload.
+
+    Adopted when its launcher (same pid *and* create time) answers /health_generate,
+    or is still starting with the last-good levers. A server of an interrupted apply
+    that is not ready yet is torn down instead (the last-good levers start).
+    """
+    handle = await asyncio.to_thread(
+        sup.procs.adopt, record.pid, record.create_time, record.tag, Path(record.log_path)
+    )
+    if handle is None:
+        return False
+    levers = LeverSet.from_json(record.levers)
+    probe = await sup.health.generate_ok(sup.url, 5.0)
+    interrupted_apply = sup.last_good is not None and levers != sup.last_good
+    if interrupted_apply and not probe.ok:
+        return False
+    ph = op.phase(PhaseName.ADOPT)
+    others = await asyncio.to_thread(
+        sup.procs.members, None, tag=None, tag_prefix=sup.tag_prefix, exclude_tag=record.tag
+    )
+    if others:
+        t = sup.settings.timeouts
+        report = await asyncio.to_thread(
+            sup.procs.teardown,
+            None,
+            tag=None,
+            tag_prefix=sup.tag_prefix,
+            exclude_tag=record.tag,
+            grace_s=t.stop_grace_s,
+            kill_timeout_s=t.kill_timeout_s,
+        )
+        op.phase(prefixed(PhasePrefix.LEFTOVERS, PhaseName.STOP)).end(
+            SUCCEEDED if report.clean else FAILED, f"other launches: {report.describe()}"
+        )
+    if sup.journal.recorded.baseline is not None:
+        sup.baseline = dict(sup.journal.recorded.baseline)
+    else:
+        sup.baseline = {g.index: 0 for g in sup.managed}
+        sup.warn("no recorded GPU baseline: release is judged against 0 bytes + tolerance")
+    sup.server = ServerInfo(handle=handle, levers=levers)
+    sup.levers = levers
+    sup.transition(
+        S.STARTING,
+        f"adopting pid {record.pid} (launch {record.tag}) left running by an earlier daemon",
+    )
+    try:
+        await wait_ready(sup, op, handle)
+    except StartFailed as exc:
+        ph.end(FAILED, str(exc))
+        await recover(sup, op, str(exc))
+        return True
+    ph.end(SUCCEEDED, f"pid {record.pid} adopted: no restart, levers {levers.digest()}")
+    if sup.last_good is None or interrupted_apply:
+        # The interrupted apply had reached ready: finish it.
+        await commit(sup, op, levers)
+    else:
+        await sup.journal.clear_pending()
+        op.levers_effective = levers.to_json()
+        op.finish(SUCCEEDED)
+    return True
+
+
+async def clear_leftovers(sup: Supervisor, op: Operation, members: set[int]) -> None:
+    """stopped -> stopping -> releasing -> stopped for processes an earlier daemon left.
+
+    No baseline exists yet, so release here means: no member pid on any managed GPU.
+    """
+    reason = f"leftover processes of this instance: {sorted(members)}"
+    sup.transition(S.STOPPING, reason)
+    ph = op.phase(prefixed(PhasePrefix.LEFTOVERS, PhaseName.STOP))
+    report = await teardown(sup, None)
+    ph.end(SUCCEEDED if report.clean else FAILED, report.describe())
+    sup.transition(S.RELEASING, reason)
+    ph = op.phase(prefixed(PhasePrefix.LEFTOVERS, PhaseName.RELEASE))
+    known = set(report.members)
+    result = await asyncio.to_thread(
+        wait_released,
+        sup.probe,
+        sup.gpu_indices(),
+        {g.index: g.memory_total_bytes for g in sup.managed},
+        lambda: known,
+        timeout_s=release_timeout(sup, None),
+        tolerance_bytes=0,
+        consecutive=sup.settings.timeouts.release_samples,
+    )
+    if not result.released or not report.clean:
+        why = f"leftovers could not be cleared: {report.describe()}; {result.describe()}"
+        ph.end(FAILED, why)
+        sup.transition(S.FAILED, why)
+        raise StartFailed(why)
+    ph.end(SUCCEEDED, result.describe())
+    if not sup.probe.pids_are_local():
+        # Without local pids the GPUs cannot tell us the leftovers are gone, and the
+        # baseline measured next may include what they held: say so.
+        sup.warn(
+            f"leftovers {sorted(members)} were torn down, but with GPU pids from another "
+            "PID namespace their release could not be verified on the GPUs"
+        )
+    sup.transition(S.STOPPED, "leftovers cleared")
+
+
+async def measure_baseline(sup: Supervisor) -> None:
+    """GPU memory in use with nothing of ours running (foreign processes included:
+    release waits for *our* memory only)."""
+    try:
+        samples = await asyncio.to_thread(sup.probe.sample, sup.gpu_indices())
+    except GpuQueryError as exc:
+        raise StartFailed(f"cannot read the managed GPUs: {exc}") from exc
+    sup.baseline = {s.index: s.memory_used_bytes for s in samples}
+    sup.journal.record_baseline(sup.baseline)

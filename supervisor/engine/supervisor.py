@@ -1,0 +1,438 @@
+"""The Supervisor: the facade the API drives, the operation registry, the one place the
+state changes.
+
+Everything runs on one asyncio loop; whatever blocks (signals and waits on processes,
+GPU probing, disk writes) runs in a worker thread, so the API stays responsive. Exactly
+one operation runs at a time (``Busy`` otherwise). Readers take a frozen ``view()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
+from typing import Any
+
+from supervisor.backend import Backend, ProcessOps
+from supervisor.config import Settings, instance_name
+from supervisor.engine import checks, startup, transaction
+from supervisor.engine.errors import Busy, NoSuchOperation, OperationFinished
+from supervisor.engine.journal import Journal
+from supervisor.engine.server import (
+    Cancelled,
+    ServerInfo,
+    teardown_budget,
+)
+from supervisor.engine.view import SupervisorView, gpu_status, snapshot
+from supervisor.engine.watch import Watcher
+from supervisor.events import EventBus
+from supervisor.gpu import GpuInfo, GpuSample
+from supervisor.health import HealthChecker
+from supervisor.levers import LeverSet, canonical_names
+from supervisor.operations import FAILED, SUCCEEDED, Operation
+from supervisor.phases import OpKind, OpState
+from supervisor.schema import FlagSchema
+from supervisor.sglang_parser import LoadedSchema
+from supervisor.states import ServerState, check_transition
+from supervisor.store import Store
+from supervisor.telemetry import Throughput
+
+log = logging.getLogger("supervisor")
+S = ServerState
+
+#: Operations kept for GET /operations/{id} (dry runs included).
+MAX_OPERATIONS = 200
+CANCEL_REASON = "cancelled by an operator (POST /operations/{id}/cancel)"
+
+TransitionHook = Callable[[ServerState, ServerState, str], None]
+
+
+class Supervisor:
+    """Owns one SGLang server: its processes, its GPUs, its levers."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        backend: Backend,
+        procs: ProcessOps,
+        health: HealthChecker,
+        schema: FlagSchema,
+        store: Store,
+        clock: Callable[[], float] = time.monotonic,
+        poll_s: float = 0.1,
+        schema_loader: Callable[[str, Path], LoadedSchema] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.probe = backend.probe
+        self.procs = procs
+        self.health = health
+        self.schema = schema
+        #: Reads the live schema from settings.server.python at start (None: keep ``schema``).
+        self.schema_loader = schema_loader
+        self.journal = Journal(store, self.warn)
+        self.clock = clock
+        self.poll_s = poll_s
+        self.events = EventBus()
+        self.on_transition: list[TransitionHook] = []
+        self.on_operation_end: list[Callable[[Operation], None]] = []
+        self.operation_counts: dict[tuple[str, str], int] = {}
+        self.last_apply_success_time: float | None = None
+
+        self.state = S.STOPPED
+        self.state_since = clock()
+        self.state_reason = "daemon started"
+        self.levers = LeverSet()
+        self.last_good: LeverSet | None = None
+        self.server: ServerInfo | None = None
+        self.managed: list[GpuInfo] = []
+        self.baseline: dict[int, int] = {}
+        self.throughput = Throughput()
+        self.restarts = 0
+        self.restarts_by_reason: dict[str, int] = {}
+        self.crash_times: deque[float] = deque()
+        self.operation: Operation | None = None
+        #: The last operation that ended (its error explains a failed start, say).
+        self.last_operation: Operation | None = None
+        self.operations: dict[str, Operation] = {}
+        self.warnings: list[str] = []
+        #: Whether SGLang's own parser (in settings.server.python) validates levers too.
+        self.schema_live = False
+        #: Why SGLang's own parser is not used (None when it is).
+        self.schema_warning: str | None = None
+        self.tag_prefix = f"{instance_name(settings)}."
+        self.watch = Watcher(self)
+        #: When a drain in progress ends at the latest (None: no drain).
+        self.drain_deadline: float | None = None
+        #: Set by the first shutdown request: operations end at their next phase boundary.
+        self.shutdown_requested = False
+        #: Set by a second request: no drain, SIGKILL without a grace period.
+        self.shutdown_forced = False
+        self._started = False
+        self._op_task: asyncio.Task[None] | None = None
+        self._shutdown_task: asyncio.Future[bool] | None = None
+        #: The member pids /status showed last, and when (see view.members_for_display).
+        self.members_cache: tuple[float, set[int]] | None = None
+
+    # ------------------------------------------------------------------ states
+
+    def transition(self, new: ServerState, reason: str) -> None:
+        """The one place the state changes: checked, stamped, logged, published."""
+        old = self.state
+        check_transition(old, new, reason)
+        self.state = new
+        self.members_cache = None  # membership changes with the state
+        self.state_since = self.clock()
+        self.state_reason = reason
+        log.info("%s -> %s (%s)", old, new, reason)
+        for hook in self.on_transition:
+            hook(old, new, reason)
+        self.events.publish("transition", old=str(old), new=str(new), reason=reason)
+
+    def warn(self, message: str) -> None:
+        """Show ``message`` in /status's warnings (once)."""
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+    @property
+    def url(self) -> str:
+        s = self.settings.server
+        host = f"[{s.host}]" if ":" in s.host else s.host
+        return f"http://{host}:{s.port}"
+
+    @property
+    def store(self) -> Store:
+        return self.journal.store
+
+    def gpu_indices(self) -> list[int]:
+        return [g.index for g in self.managed]
+
+    # --------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Resolve the GPUs, clear leftovers of ours, measure baselines, launch.
+
+        Returns once the initial start operation runs (``operation``). Raises
+        ``ValueError`` (bad config: unknown GPU, invalid initial levers) before anything
+        is started. After ``request_shutdown()`` it starts nothing.
+        """
+        await startup.prepare(self)
+        if self.shutdown_requested:
+            return
+        self._started = True
+        self.watch.start()
+        op = self._begin(OpKind.START, None)
+        self._run(op, startup.initial_start(self, op))
+
+    def teardown_budget_s(self) -> float:
+        """The longest a shutdown may take: the rest of a drain in progress (unless
+        forced), grace + kill wait + release (pinned memory)."""
+        return teardown_budget(self)
+
+    def request_shutdown(self, *, force: bool = False) -> None:
+        """Ask for a shutdown; returns at once (call it from a signal handler on the loop).
+
+        The first request is graceful: no operation starts any more, the running one
+        ends at its next phase boundary (a drain in progress runs to its end; a spawn,
+        teardown or release wait in progress is never interrupted), then ``shutdown()``
+        stops the server. A second request (or ``force``) forces: a drain ends at its
+        next poll and the server gets SIGKILL without a grace period; GPU release is
+        still verified.
+        """
+        if self.shutdown_requested or force:
+            if not self.shutdown_forced:
+                log.warning("shutdown forced: no drain, SIGKILL without a grace period")
+            self.shutdown_forced = True
+        self.shutdown_requested = True
+        op = self.operation
+        if op is not None:
+            op.wake.set()
+
+    async def shutdown(self, *, keep_server: bool = False, force: bool = False) -> bool:
+        """Stop the server (SIGTERM, grace, SIGKILL), verify the GPUs released, stop watching.
+
+        Called on the daemon's exit. The running operation is asked to end at its next
+        phase boundary and waited for (a thread-backed step in it finishes first: one
+        teardown at a time), so no server of ours runs once this returns. With
+        ``keep_server`` (systemd ``KillMode=process``) the server is left running and
+        recorded, for the next daemon to adopt: a daemon upgrade costs no model reload.
+        ``force`` is a second request (see ``request_shutdown``). Returns False when the
+        GPUs could not be verified released. A supervisor that never started touches
+        nothing. Idempotent: every call returns the first call's result.
+        """
+        if not self.shutdown_requested or force:
+            self.request_shutdown(force=force)
+        if self._shutdown_task is None:
+            self._shutdown_task = asyncio.ensure_future(self._shutdown(keep_server))
+        return await asyncio.shield(self._shutdown_task)
+
+    async def _shutdown(self, keep_server: bool) -> bool:
+        try:
+            if not self._started:
+                return True
+            task = self._op_task
+            if task is not None and not task.done():
+                await asyncio.wait({task})  # ends at its next phase boundary
+            await self.watch.stop()
+            op = Operation(kind=OpKind.SHUTDOWN)
+            if not keep_server:
+                self._register(op)
+            return await transaction.shut_down(self, op, keep_server=keep_server)
+        finally:
+            await self.health.aclose()
+            self.probe.close()
+
+    # -------------------------------------------------------------- operations
+
+    def _register(self, op: Operation) -> None:
+        """Keep ``op`` for GET /operations/{id}; the oldest finished ones go past the cap."""
+        self.operations[op.id] = op
+        if len(self.operations) > MAX_OPERATIONS:
+            for old_id in [i for i, o in self.operations.items() if o.finished]:
+                if len(self.operations) <= MAX_OPERATIONS:
+                    break
+                del self.operations[old_id]
+
+    def _begin(self, kind: OpKind, requested: LeverSet | None) -> Operation:
+        if self.shutdown_requested:
+            raise Busy(Operation(kind=OpKind.SHUTDOWN))
+        current = self.operation
+        if current is not None and not current.finished:
+            raise Busy(current)
+        op = Operation(
+            kind=kind, levers_requested=None if requested is None else requested.to_json()
+        )
+        op.listener = self._publish_phase
+        self.operation = op
+        self._register(op)
+        self.events.publish("operation", id=op.id, op_kind=kind, state="running")
+        return op
+
+    def _publish_phase(self, op: Operation, phase: dict[str, Any]) -> None:
+        self.events.publish("phase", operation=op.id, op_kind=op.kind, **phase)
+
+    def _run(self, op: Operation, coro: Coroutine[Any, Any, None]) -> None:
+        async def runner() -> None:
+            try:
+                await coro
+            except Cancelled as exc:  # a shutdown, or a cancel with nothing to roll back
+                if not op.finished:
+                    op.finish(FAILED, str(exc))
+            except asyncio.CancelledError:
+                if not op.finished:
+                    op.finish(FAILED, "cancelled: the daemon is shutting down")
+                raise
+            except Exception as exc:  # a bug; never leave the operation "running"
+                log.exception("operation %s (%s) crashed", op.id, op.kind)
+                if not op.finished:
+                    op.finish(FAILED, f"internal error: {type(exc).__name__}: {exc}")
+            finally:
+                if not op.finished:
+                    op.finish(SUCCEEDED)
+                self._operation_ended(op)
+                with contextlib.suppress(Exception):
+                    await self.journal.append_history(op.to_json())
+                if self.operation is op:
+                    self.operation = None
+
+        self._op_task = asyncio.create_task(runner(), name=f"op-{op.kind}-{op.id}")
+
+    def _operation_ended(self, op: Operation) -> None:
+        if op.reported:
+            return
+        op.reported = True
+        self.last_operation = op
+        key = (str(op.kind), str(op.state))
+        self.operation_counts[key] = self.operation_counts.get(key, 0) + 1
+        if op.kind == OpKind.APPLY and op.state == OpState.SUCCEEDED:
+            self.last_apply_success_time = time.time()
+        for hook in self.on_operation_end:
+            hook(op)
+        self.events.publish("operation", id=op.id, op_kind=op.kind, state=op.state, error=op.error)
+
+    def _preempt_backoff(self) -> None:
+        """An operator's request wins over a restart that is only waiting out its backoff."""
+        op = self.operation
+        if (
+            op is not None
+            and op.kind == OpKind.RECOVER
+            and self.state == S.BACKOFF
+            and self._op_task is not None
+        ):
+            # Safe to cancel: in backoff the recovery only waits (no OS step runs).
+            self._op_task.cancel()
+            op.finish(FAILED, "superseded by an operator's request during backoff")
+            self.operation = None
+            self._operation_ended(op)
+
+    def on_crash(self, kind: str, reason: str) -> None:
+        """The watcher saw the ready server exit (``crash``) or stop answering (``hung``)."""
+        if self.operation is not None or self.shutdown_requested or self.state != S.READY:
+            return
+        self.restarts_by_reason[kind] = self.restarts_by_reason.get(kind, 0) + 1
+        log.warning("server %s: %s", kind, reason)
+        op = self._begin(OpKind.RECOVER, self.levers)
+        op.rollback_reason = reason
+        self._run(op, transaction.recover(self, op, reason))
+
+    def get_operation(self, op_id: str) -> Operation | None:
+        """A kept operation (the last ``MAX_OPERATIONS``), running or finished."""
+        return self.operations.get(op_id)
+
+    def request_cancel(self, op_id: str) -> Operation:
+        """Ask operation ``op_id`` to end at its next phase boundary; returns it at once.
+
+        A readiness wait, probation, backoff or drain notices it at its next poll; a
+        spawn, teardown or release wait in progress finishes first. What follows: an
+        apply that has not stopped the old server yet leaves it serving (rolled_back);
+        one whose new server is starting tears it down and starts the last-good levers
+        (rolled_back); a start, restart or recovery tears down what it started (failed).
+        A stop cannot be undone and runs to its end. Asking twice is asking once.
+        Raises ``NoSuchOperation`` (unknown id) or ``OperationFinished`` (already ended).
+        """
+        op = self.operations.get(op_id)
+        if op is None:
+            raise NoSuchOperation(
+                f"no operation {op_id!r} (the daemon keeps the last {MAX_OPERATIONS})"
+            )
+        if op.finished:
+            raise OperationFinished(op)
+        if op.cancel_requested is None and op.cancelled is None:
+            op.cancel_requested = CANCEL_REASON.format(id=op.id)
+            log.warning("operation %s (%s): cancel requested", op.id, op.kind)
+            self.events.publish("cancel", operation=op.id, op_kind=op.kind)
+            op.wake.set()
+        return op
+
+    def requested_levers(
+        self, levers: Mapping[str, Any], env: Mapping[str, Any], *, replace: bool = False
+    ) -> LeverSet:
+        """The set a request asks for: its names made canonical, merged onto the current."""
+        return self.levers.merged(canonical_names(levers, self.schema), env, replace=replace)
+
+    async def submit_apply(
+        self,
+        levers: Mapping[str, Any],
+        env: Mapping[str, Any],
+        *,
+        replace: bool = False,
+        dry_run: bool = False,
+        drain_timeout_s: float = 0.0,
+    ) -> Operation:
+        """Validate and preflight a lever change, then run it as an operation.
+
+        Raises ``LeverError`` (nothing touched) or ``Busy``. With ``dry_run`` the returned
+        operation is already finished and nothing was touched.
+        """
+        current = self.operation
+        # A restart waiting out its backoff yields to the operator, but only once the
+        # request has been found valid (below): a typo must not cancel a recovery.
+        waiting_restart = (
+            current is not None and current.kind == OpKind.RECOVER and self.state == S.BACKOFF
+        )
+        if not dry_run and current is not None and not current.finished and not waiting_restart:
+            raise Busy(current)
+        requested = self.requested_levers(levers, env, replace=replace)
+        checked, passed = await checks.before_the_stop(self, requested)  # LeverError
+        if dry_run:
+            op = Operation(kind=OpKind.APPLY, levers_requested=checked.to_json(), dry_run=True)
+            self._register(op)
+        else:
+            self._preempt_backoff()
+            op = self._begin(OpKind.APPLY, checked)  # Busy if another started meanwhile
+        for name, detail, took in passed:
+            ph = op.phase(name)
+            ph.duration_s = took
+            ph.end(SUCCEEDED, f"{detail} ({took * 1000:.1f} ms)")
+        if dry_run:
+            diff = self.levers.diff(checked)
+            op.levers_effective = self.levers.to_json()
+            op.finish(SUCCEEDED)
+            op.phases[-1].detail += f"; would change {', '.join(diff) or 'nothing'}"
+            return op
+        drain = min(max(0.0, drain_timeout_s), self.settings.timeouts.max_drain_s)
+        self._run(op, transaction.apply(self, op, checked, drain))
+        return op
+
+    def submit_stop(self) -> Operation:
+        self._preempt_backoff()
+        op = self._begin(OpKind.STOP, None)
+        self._run(op, transaction.stop(self, op))
+        return op
+
+    def submit_start(self) -> Operation:
+        self._preempt_backoff()
+        op = self._begin(OpKind.START, self.levers)
+        self._run(op, transaction.start(self, op))
+        return op
+
+    def submit_restart(self) -> Operation:
+        self._preempt_backoff()
+        op = self._begin(OpKind.RESTART, self.levers)
+        self._run(op, transaction.restart(self, op))
+        return op
+
+    # ------------------------------------------------------------------ views
+
+    def view(self) -> SupervisorView:
+        """A frozen snapshot for readers (routes, metrics, /plan)."""
+        return snapshot(self)
+
+    def sample_gpus(self) -> list[GpuSample]:
+        """The managed GPUs now (blocking: call it from a worker thread).
+        Raises ``GpuQueryError``."""
+        return self.probe.sample(self.gpu_indices())
+
+    async def gpu_status(self) -> list[dict[str, Any]]:
+        """The managed GPUs now, with their processes marked ours or not."""
+        return await gpu_status(self)
+
+    async def status(self) -> dict[str, Any]:
+        """``GET /status``."""
+        view = self.view()
+        return view.status_json(await self.gpu_status())

@@ -1,0 +1,263 @@
+"""The operations, as functions that read top to bottom: apply, stop, start, restart, and
+the supervisor's own recovery of a crashed or hung server.
+
+Each step is named after its phase. After the stop, every path ends in the new server,
+the last-good levers serving again (``rolled_back``), or a named ``failed``. A shutdown
+or an operator's cancel is honoured between steps (``checkpoint``), never inside one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from supervisor.engine.checks import refuse_if_foreign
+from supervisor.engine.server import (
+    SHUTDOWN_REASON,
+    Cancelled,
+    checkpoint,
+    launch_until_ready,
+    members_now,
+    pause,
+    stop_and_release,
+)
+from supervisor.levers import LeverSet
+from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
+from supervisor.phases import OPERATOR_LAUNCHES, OpKind, PhaseName, PhasePrefix, prefixed
+from supervisor.states import ServerState
+from supervisor.store import StoreError
+from supervisor.telemetry import parse_metrics
+
+if TYPE_CHECKING:
+    from supervisor.engine.supervisor import Supervisor
+
+S = ServerState
+log = logging.getLogger("supervisor")
+
+
+async def apply(sup: Supervisor, op: Operation, new: LeverSet, drain_s: float) -> None:
+    """journal -> drain -> stop and release -> launch with probation -> commit, or roll
+    back to the last-good levers. Validation and preflight ran before (nothing stopped)."""
+    await sup.journal.begin_apply(op.id, new)
+    try:
+        if not await drain_or_cancel(sup, op, drain_s):
+            return
+        if not await stop_and_release(sup, op, f"apply {op.id}", S.STOPPED):
+            op.finish(FAILED, f"the old server could not be released: {sup.state_reason}")
+            return
+        if await launch_until_ready(sup, op, new, probation=True):
+            await commit(sup, op, new)
+            return
+        await roll_back(sup, op, op.rollback_reason or "the new levers failed")
+    finally:
+        # Whatever the outcome, the apply is no longer pending (a SIGKILLed daemon never
+        # gets here, and its successor reports the interrupted apply).
+        await sup.journal.clear_pending()
+
+
+async def drain_or_cancel(sup: Supervisor, op: Operation, drain_s: float) -> bool:
+    """The last step before the stop: drain when asked. An operator's cancel up to here
+    stops nothing: the old server serves on (``rolled_back``) and this returns False."""
+    try:
+        if drain_s > 0 and sup.state == S.READY:
+            await drain(sup, op, drain_s)
+        checkpoint(sup, op)
+    except Cancelled as exc:
+        if exc.shutdown:
+            raise
+        if sup.state == S.DRAINING:
+            sup.transition(S.READY, f"apply {op.id} cancelled during its drain")
+        op.rollback_reason = str(exc)
+        op.levers_effective = sup.levers.to_json()
+        outcome = ROLLED_BACK if sup.state == S.READY else FAILED
+        op.finish(outcome, f"{exc}; nothing was stopped")
+        return False
+    return True
+
+
+async def roll_back(sup: Supervisor, op: Operation, reason: str) -> None:
+    """The new levers failed: stop them, release, start the last-good levers."""
+    if not await stop_and_release(sup, op, "roll back", S.STOPPED, prefix=PhasePrefix.ROLLBACK):
+        op.finish(FAILED, f"{reason}; then the failed server could not be released")
+        return
+    good = sup.last_good
+    if good is None:
+        op.finish(FAILED, f"{reason}; there are no last-good levers to roll back to")
+        return
+    rollback_start = prefixed(PhasePrefix.ROLLBACK, PhaseName.START)
+    if await launch_until_ready(sup, op, good, probation=False, phase=rollback_start):
+        op.rollback_reason = reason
+        op.levers_effective = good.to_json()
+        op.finish(ROLLED_BACK, reason)
+        return
+    second = op.rollback_reason
+    await stop_and_release(
+        sup,
+        op,
+        f"rolling back to the last-good levers failed: {second}",
+        S.FAILED,
+        prefix=PhasePrefix.CLEANUP,
+    )
+    op.rollback_reason = reason
+    op.finish(FAILED, f"{reason}; rolling back also failed: {second}")
+
+
+async def commit(sup: Supervisor, op: Operation, levers: LeverSet) -> None:
+    """``levers`` serve (and passed probation where there was one): they become current
+    and last-good, persisted."""
+    ph = op.phase(PhaseName.COMMIT)
+    if op.kind in OPERATOR_LAUNCHES:
+        # An operator's successful change starts the crash-loop count afresh.
+        sup.crash_times.clear()
+    sup.levers = levers
+    sup.last_good = levers
+    op.levers_effective = levers.to_json()
+    try:
+        await sup.journal.commit(levers)
+    except StoreError as exc:
+        ph.end(FAILED, str(exc))
+        op.finish(FAILED, f"the new levers serve, but persisting them failed: {exc}")
+        return
+    ph.end(SUCCEEDED, f"last-good levers are now {levers.digest()}")
+    op.finish(SUCCEEDED)
+
+
+async def drain(sup: Supervisor, op: Operation, timeout_s: float) -> None:
+    """ready -> draining until no request runs or waits, or ``timeout_s`` passes.
+
+    An operator's cancel and a forced shutdown end it at the next poll (``Cancelled``);
+    a graceful shutdown lets it finish (it is bounded), then the stop follows."""
+    ph = op.phase(PhaseName.DRAIN)
+    sup.transition(S.DRAINING, f"drain up to {timeout_s:.0f}s ({op.id})")
+    deadline = sup.clock() + timeout_s
+    sup.drain_deadline = deadline
+    pending: float | None = None
+    try:
+        while sup.clock() < deadline:
+            if sup.shutdown_forced:
+                raise Cancelled(f"{SHUTDOWN_REASON} (forced: drain skipped)", shutdown=True)
+            if op.cancel_requested is not None:
+                checkpoint(sup, op)
+            text = await sup.health.metrics_text(sup.url, 2.0)
+            if text is not None:
+                t = parse_metrics(text)
+                pending = (t.running_requests or 0) + (t.queued_requests or 0)
+                if pending == 0:
+                    ph.end(SUCCEEDED, "no running or queued requests")
+                    return
+            await asyncio.sleep(max(sup.poll_s, 0.25))
+    finally:
+        sup.drain_deadline = None
+    ph.end(SUCCEEDED, f"timed out after {timeout_s:.0f}s with {pending} requests left")
+
+
+async def stop(sup: Supervisor, op: Operation) -> None:
+    """An operator's stop: tear down, verify release, stay stopped."""
+    if await stop_and_release(sup, op, f"operator stop ({op.id})", S.STOPPED):
+        op.levers_effective = None
+        op.finish(SUCCEEDED)
+    else:
+        op.finish(FAILED, sup.state_reason)
+
+
+async def start(sup: Supervisor, op: Operation) -> None:
+    """An operator's start: from stopped (or failed, after cleaning up), the current levers."""
+    if sup.state == S.READY:
+        op.levers_effective = sup.levers.to_json()
+        op.phase(PhaseName.START).end(SUCCEEDED, "already ready; nothing to do")
+        op.finish(SUCCEEDED)
+        return
+    members = await asyncio.to_thread(members_now, sup)
+    # From a verified stopped state with nothing of ours left, there is nothing to
+    # release (and memory a foreign process holds must not be waited for).
+    if (sup.state != S.STOPPED or members) and not await stop_and_release(
+        sup, op, f"clean up before start ({op.id})", S.STOPPED
+    ):
+        op.finish(FAILED, sup.state_reason)
+        return
+    await start_current(sup, op)
+
+
+async def restart(sup: Supervisor, op: Operation) -> None:
+    """An operator's restart: stop, verify release, start the same levers."""
+    if not await stop_and_release(sup, op, f"operator restart ({op.id})", S.STOPPED):
+        op.finish(FAILED, sup.state_reason)
+        return
+    await start_current(sup, op)
+
+
+async def start_current(sup: Supervisor, op: Operation) -> None:
+    """From stopped: the current levers, unless a foreign process holds a GPU. A start
+    that fails (or is cancelled) is cleaned up and the operation fails."""
+    checkpoint(sup, op)
+    if await refuse_if_foreign(sup, op):
+        return
+    if await launch_until_ready(sup, op, sup.levers, probation=False):
+        await commit(sup, op, sup.levers)
+    else:
+        await stop_and_release(sup, op, f"{op.kind} failed", S.STOPPED, prefix=PhasePrefix.CLEANUP)
+        op.finish(FAILED, op.rollback_reason)
+
+
+async def recover(sup: Supervisor, op: Operation, reason: str) -> None:
+    """Release, back off, relaunch the same levers; a crash loop ends in failed."""
+    t = sup.settings.timeouts
+    while True:
+        now = sup.clock()
+        sup.crash_times.append(now)
+        while sup.crash_times and sup.crash_times[0] < now - t.crash_loop_window_s:
+            sup.crash_times.popleft()
+        if sup.state != S.BACKOFF and not await stop_and_release(sup, op, reason, S.BACKOFF):
+            op.finish(FAILED, sup.state_reason)
+            return
+        crashes = len(sup.crash_times)
+        if crashes >= t.crash_loop_count:
+            why = (
+                f"crash loop: {crashes} failures within {t.crash_loop_window_s:.0f}s, the "
+                f"last: {reason}; fix the cause, then POST /start or /levers"
+            )
+            sup.transition(S.FAILED, why)
+            op.finish(FAILED, why)
+            return
+        delay = min(t.backoff_max_s, t.backoff_initial_s * 2 ** max(0, crashes - 1))
+        ph = op.phase(PhaseName.BACKOFF)
+        try:
+            await pause(sup, op, delay)
+        except Cancelled as exc:
+            if exc.shutdown:
+                raise
+            why = f"{exc} during the backoff after: {reason}; POST /start to start again"
+            sup.transition(S.FAILED, why)
+            op.finish(FAILED, why)
+            return
+        ph.end(SUCCEEDED, f"waited {delay:.1f}s after: {reason}")
+        if await launch_until_ready(sup, op, sup.levers, probation=False):
+            if op.kind == OpKind.RECOVER:
+                sup.restarts += 1
+            # Serving again with these levers proves them good (and gives a first
+            # start that needed retries its last-good set).
+            await commit(sup, op, sup.levers)
+            return
+        reason = op.rollback_reason or "restart failed"
+        if op.cancelled is not None:
+            await stop_and_release(sup, op, reason, S.STOPPED, prefix=PhasePrefix.CLEANUP)
+            op.finish(FAILED, reason)
+            return
+
+
+async def shut_down(sup: Supervisor, op: Operation, *, keep_server: bool) -> bool:
+    """The daemon's exit, once no other operation runs: stop the server and verify the
+    GPUs released (False when they could not be), or with ``keep_server`` leave it
+    running and recorded for the next daemon to adopt."""
+    released = True
+    if keep_server:
+        log.info(
+            "leaving the server running for the next daemon to adopt (%s)",
+            f"pid {sup.server.handle.pid}" if sup.server is not None else "none running",
+        )
+    else:
+        released = await stop_and_release(sup, op, "daemon shutdown", S.STOPPED)
+        op.finish(SUCCEEDED if released else FAILED, None if released else sup.state_reason)
+    await sup.journal.flush()
+    return released

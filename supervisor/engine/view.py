@@ -1,0 +1,206 @@
+"""A frozen snapshot of the supervisor: what routes, metrics and ``/plan`` read.
+
+``Supervisor.view()`` builds one on the event loop in microseconds; readers never reach
+into the supervisor's attributes, so they can never see (or cause) a half-made change.
+GPU memory is not in the view: it is sampled when asked (``Supervisor.status()``, the
+metrics' scrape-time collector).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from supervisor.engine.server import members_now
+from supervisor.gpu import GpuInfo, GpuQueryError
+from supervisor.levers import LeverSet
+from supervisor.schema import FlagSchema
+from supervisor.states import ServerState
+from supervisor.telemetry import Throughput
+
+if TYPE_CHECKING:
+    from supervisor.engine.supervisor import Supervisor
+
+_EMPTY: Mapping[Any, Any] = MappingProxyType({})
+
+
+def frozen_map(data: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    """A read-only copy of ``data``."""
+    return MappingProxyType(dict(data)) if data else _EMPTY
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """The server launch the supervisor is watching."""
+
+    pid: int
+    url: str
+    started_at: str
+    ready_at: str | None
+    max_total_num_tokens: int | None
+    launch_tag: str
+    log_path: Path
+    levers: LeverSet
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "url": self.url,
+            "started_at": self.started_at,
+            "ready_at": self.ready_at,
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "launch_tag": self.launch_tag,
+            "log_path": str(self.log_path),
+        }
+
+
+@dataclass(frozen=True)
+class SupervisorView:
+    """Everything about the supervisor a reader may look at, as of one instant."""
+
+    state: ServerState
+    state_reason: str
+    #: Seconds in ``state`` when the view was made.
+    state_for_s: float
+    #: "sglang" or "simulated".
+    backend: str
+    #: The backend's extra environment for every launch.
+    backend_env: Mapping[str, str]
+    #: The simulated host's RAM (None: the real host's is read).
+    simulated_host_ram_bytes: int | None
+    server: ServerView | None
+    #: The levers serving (or about to), and the last set proven to serve.
+    levers: LeverSet
+    last_good: LeverSet | None
+    managed: tuple[GpuInfo, ...]
+    #: Per-GPU memory used with nothing of ours running (NVML index -> bytes).
+    baseline: Mapping[int, int]
+    gpu_probe_kind: str
+    pids_are_local: bool
+    #: The running operation and the last one that ended, as their JSON.
+    operation: Mapping[str, Any] | None
+    last_operation: Mapping[str, Any] | None
+    restarts: int
+    restarts_by_reason: Mapping[str, int]
+    #: Finished operations by (kind, outcome).
+    operation_counts: Mapping[tuple[str, str], int]
+    #: Unix time of the last apply that succeeded.
+    last_apply_success_time: float | None
+    throughput: Throughput
+    schema: FlagSchema
+    #: Whether SGLang's own parser (in server.python) validates levers too.
+    schema_live: bool
+    warnings: tuple[str, ...]
+    logs_dir: Path
+
+    @property
+    def gpu_indices(self) -> list[int]:
+        return [g.index for g in self.managed]
+
+    def status_json(self, gpus: list[dict[str, Any]]) -> dict[str, Any]:
+        """``GET /status``: this view with ``gpus`` (sampled by the caller)."""
+        last = self.last_operation
+        return {
+            "state": str(self.state),
+            "state_reason": self.state_reason,
+            "state_for_s": round(self.state_for_s, 3),
+            "backend": self.backend,
+            "server": None if self.server is None else self.server.to_json(),
+            "levers": dict(self.levers.levers),
+            "env": dict(self.levers.env),
+            "last_good_levers": None if self.last_good is None else self.last_good.to_json(),
+            "gpus": gpus,
+            "gpu_probe": {"kind": self.gpu_probe_kind, "pids_are_local": self.pids_are_local},
+            "operation": None if self.operation is None else dict(self.operation),
+            "last_operation": None
+            if last is None
+            else {k: last[k] for k in ("id", "kind", "state", "error", "ended_at")},
+            "restarts": self.restarts,
+            "restarts_by_reason": dict(self.restarts_by_reason),
+            "throughput": self.throughput.to_json(),
+            "schema": {"sglang_version": self.schema.sglang_version, "source": self.schema.source},
+            "warnings": list(self.warnings),
+        }
+
+
+def snapshot(sup: Supervisor) -> SupervisorView:
+    """The view of ``sup`` now (call it on the event loop)."""
+    server = sup.server
+    backend = sup.backend
+    return SupervisorView(
+        state=sup.state,
+        state_reason=sup.state_reason,
+        state_for_s=max(0.0, sup.clock() - sup.state_since),
+        backend=backend.name,
+        backend_env=frozen_map(backend.env),
+        simulated_host_ram_bytes=backend.simulated_host_ram_bytes,
+        server=None
+        if server is None
+        else ServerView(
+            pid=server.handle.pid,
+            url=sup.url,
+            started_at=server.started_at,
+            ready_at=server.ready_at,
+            max_total_num_tokens=server.max_total_num_tokens,
+            launch_tag=server.handle.tag,
+            log_path=server.handle.log_path,
+            levers=server.levers,
+        ),
+        levers=sup.levers,
+        last_good=sup.last_good,
+        managed=tuple(sup.managed),
+        baseline=frozen_map(sup.baseline),
+        gpu_probe_kind=sup.probe.kind,
+        pids_are_local=sup.probe.pids_are_local(),
+        operation=None if sup.operation is None else sup.operation.to_json(),
+        last_operation=None if sup.last_operation is None else sup.last_operation.to_json(),
+        restarts=sup.restarts,
+        restarts_by_reason=frozen_map(sup.restarts_by_reason),
+        operation_counts=frozen_map(sup.operation_counts),
+        last_apply_success_time=sup.last_apply_success_time,
+        throughput=sup.throughput,
+        schema=sup.schema,
+        schema_live=sup.schema_live,
+        warnings=tuple(sup.warnings),
+        logs_dir=sup.journal.logs_dir,
+    )
+
+
+def members_for_display(sup: Supervisor, max_age_s: float = 1.0) -> set[int]:
+    """Members for display (/status): a full /proc scan costs milliseconds, so one scan
+    serves every request within ``max_age_s`` (the cache is dropped at every transition).
+    Teardown never uses this. Blocking: call it from a worker thread."""
+    now = sup.clock()
+    cached = sup.members_cache
+    if cached is None or now - cached[0] > max_age_s:
+        cached = (now, members_now(sup))
+        sup.members_cache = cached
+    return cached[1]
+
+
+async def gpu_status(sup: Supervisor) -> list[dict[str, Any]]:
+    """``/status``'s ``gpus``: memory, baseline and processes (ours or not) per GPU."""
+    try:
+        samples = await asyncio.to_thread(sup.sample_gpus)
+        members = await asyncio.to_thread(members_for_display, sup)
+    except GpuQueryError as exc:
+        return [{"index": g.index, "uuid": g.uuid, "error": str(exc)} for g in sup.managed]
+    return [
+        {
+            "index": s.index,
+            "uuid": s.uuid,
+            "name": s.name,
+            "memory_used_bytes": s.memory_used_bytes,
+            "memory_total_bytes": s.memory_total_bytes,
+            "baseline_bytes": sup.baseline.get(s.index),
+            "processes": [
+                {"pid": p.pid, "used_bytes": p.used_bytes, "member": p.pid in members}
+                for p in s.processes
+            ],
+        }
+        for s in samples
+    ]

@@ -1,0 +1,148 @@
+"""One ticker watching the serving server: its exit, its liveness, its telemetry.
+
+Every ``tick_s`` the ticker checks whether the launcher exited (a crash is noticed within
+one tick); when due it starts a liveness probe or a telemetry read as a short task and
+looks at the result on a later tick, so a probe that takes its whole timeout never delays
+noticing a crash. Nothing here runs while an operation does: operations watch their own
+server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from supervisor import serverlogs
+from supervisor.engine.server import exit_reason
+from supervisor.health import Probe
+from supervisor.states import ServerState
+from supervisor.telemetry import Throughput, last_decode_line, parse_metrics
+from supervisor.units import MiB
+
+if TYPE_CHECKING:
+    from supervisor.engine.supervisor import Supervisor
+
+log = logging.getLogger("supervisor")
+S = ServerState
+
+#: How often the server's throughput is read (its /metrics, else its log).
+TELEMETRY_INTERVAL_S = 2.0
+
+
+class Watcher:
+    """Exit, liveness and telemetry of the serving server, on one ticker task."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        #: A crash is noticed within 0.25 s by default; cheaper than polling at poll_s.
+        self.tick_s = sup.poll_s * 2.5
+        self.liveness_failures = 0
+        self._liveness: asyncio.Task[Probe] | None = None
+        #: The server the probe in flight asks (a result about another one is dropped).
+        self._probed: object | None = None
+        self._telemetry: asyncio.Task[None] | None = None
+        self._next_liveness = 0.0
+        self._next_telemetry = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        now = self.sup.clock()
+        self._next_liveness = now + self.sup.settings.timeouts.liveness_interval_s
+        self._next_telemetry = now + TELEMETRY_INTERVAL_S
+        self._task = asyncio.create_task(self._run(), name="watch")
+
+    async def stop(self) -> None:
+        """Stop ticking; probes in flight are cancelled (they only read)."""
+        for task in (self._task, self._liveness, self._telemetry):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    def reset_liveness(self) -> None:
+        self.liveness_failures = 0
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            try:
+                await self.tick()
+            except Exception:  # a bug; the watch must go on
+                log.exception("watch tick failed")
+
+    def _watching(self) -> bool:
+        sup = self.sup
+        return sup.operation is None and sup.state == S.READY and sup.server is not None
+
+    async def tick(self) -> None:
+        """One look at the server: exit now; liveness and telemetry when due."""
+        sup = self.sup
+        now = sup.clock()
+        server = sup.server
+        if self._watching() and server is not None and server.handle.poll():
+            sup.on_crash("crash", await exit_reason(server.handle, "while ready"))
+        self._liveness_tick(now)
+        if now >= self._next_telemetry and (self._telemetry is None or self._telemetry.done()):
+            self._next_telemetry = now + TELEMETRY_INTERVAL_S
+            self._telemetry = asyncio.create_task(self._read_telemetry(), name="telemetry")
+
+    def _liveness_tick(self, now: float) -> None:
+        sup = self.sup
+        t = sup.settings.timeouts
+        probe = self._liveness
+        if probe is not None and probe.done():
+            self._liveness = None
+            result = None if probe.cancelled() or probe.exception() else probe.result()
+            if result is not None and self._probed is sup.server:
+                self._judge(result)
+        if self._liveness is None and now >= self._next_liveness:
+            self._next_liveness = now + t.liveness_interval_s
+            if not self._watching():
+                self.liveness_failures = 0
+                return
+            self._probed = sup.server
+            self._liveness = asyncio.create_task(
+                sup.health.generate_ok(sup.url, t.liveness_timeout_s), name="liveness"
+            )
+
+    def _judge(self, probe: Probe) -> None:
+        t = self.sup.settings.timeouts
+        if probe.ok or not self._watching():
+            self.liveness_failures = 0
+            return
+        self.liveness_failures += 1
+        log.warning(
+            "liveness probe %d/%d failed: %s",
+            self.liveness_failures,
+            t.liveness_failures,
+            probe.detail,
+        )
+        if self.liveness_failures >= t.liveness_failures:
+            self.liveness_failures = 0
+            self.sup.on_crash(
+                "hung",
+                f"hung: {t.liveness_failures} consecutive liveness probes failed "
+                f"(last: {probe.detail})",
+            )
+
+    async def _read_telemetry(self) -> None:
+        sup = self.sup
+        server = sup.server
+        if server is None:
+            sup.throughput = Throughput()  # no server, no load: never show a stale one
+            return
+        await asyncio.to_thread(
+            serverlogs.bound_size, server.handle.log_path, sup.settings.server.log_max_mib * MiB
+        )
+        if sup.state not in (S.READY, S.DRAINING):
+            return
+        text = await sup.health.metrics_text(sup.url, 2.0)
+        if text is not None:
+            with contextlib.suppress(ValueError):
+                sup.throughput = parse_metrics(text)
+                return
+        fallback = await asyncio.to_thread(last_decode_line, server.handle.log_path)
+        if fallback is not None:
+            sup.throughput = fallback
