@@ -20,6 +20,8 @@ export SGS_E2E_RESULTS="$OUT/daemon_e2e.json"
   nvidia-smi -L
   nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total,driver_version --format=csv
   python3 -c 'import sys, torch; print(sys.version, torch.__version__, torch.cuda.device_count())'
+  python3 -c 'import sys; sys.path.insert(0, "/tmp/sgl"); import fastapi, uvicorn
+from sglang.srt.server_args import ServerArgs; print("SGLang server_args imports")'
 } >"$OUT/host.txt" 2>&1
 cat "$OUT/host.txt"
 args=("$@")
