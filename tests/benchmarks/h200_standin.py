@@ -160,12 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=30000)
     args, _ = p.parse_known_args(argv)
     app = Launcher()
-    stop = threading.Event()
-
-    def on_term(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_term)
+    # No lock in a signal handler: Event.set() there can deadlock against the main thread's
+    # own Event.wait() (seen with tests/gpu's stand-in on an H200); a list append takes none.
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     server = ThreadingHTTPServer((args.host, args.port), make_handler(app))
     server.daemon_threads = True
     threading.Thread(
@@ -173,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ).start()
     log(f"launcher pid {os.getpid()} on {args.host}:{args.port}: {json.dumps(app.info())}")
     app.spawn()
-    while not stop.wait(0.05):
+    while not stopping:
+        time.sleep(0.05)
         for r, child in enumerate(app.children):
             if child.poll() is not None:
                 log(f"rank {r} (pid {child.pid}) exited with {child.returncode}; exiting")

@@ -254,12 +254,15 @@ def test_02_apply(ctx: Ctx) -> None:
     assert not alive([old_pid, *old_ranks])
     assert st["last_good_levers"]["levers"]["mem_fraction_static"] == FRACTIONS[1], st
     stop = next(p for p in op["phases"] if p["name"] == "stop")
+    assert "SIGKILL" not in stop["detail"], stop  # a server that honours SIGTERM gets none
     ctx.figures.step(
         "apply",
         phases=e2e.phases(op),
         duration_s=op["duration_s"],
         release_per_gpu_s=mon.release_s(e2e.wall(stop["started_at"]), ctx.baseline, TOL),
         stop_detail=stop["detail"],
+        release_detail=next(p["detail"] for p in op["phases"] if p["name"] == "release"),
+        rank_alloc_s=[r.get("alloc_s") for r in ctx.server_info()["standin"]["ranks"]],
         old_pid=old_pid,
         new_pid=st["server"]["pid"],
     )
@@ -304,8 +307,11 @@ def test_04_oom_at_start_rolls_back(ctx: Ctx) -> None:
     st = ctx.assert_serving(FRACTIONS[1])  # last-good serves again
     assert "SGLANG_STANDIN_OOM" not in st["env"], st["env"]
     assert st["server"]["pid"] != before["server"]["pid"]
+    stop = next(p for p in op["phases"] if p["name"] == "stop")
+    assert "SIGKILL" not in stop["detail"], stop
     ctx.figures.step(
         "oom_rolled_back",
+        stop_detail=stop["detail"],
         phases=e2e.phases(op),
         duration_s=op["duration_s"],
         rollback_reason=op["rollback_reason"],
@@ -355,6 +361,8 @@ def test_06_launcher_sigkilled_from_outside(ctx: Ctx) -> None:
 
     def new_server() -> dict[str, Any] | None:
         s = ctx.daemon.status_or_none()
+        if s and s["state"] == "failed":
+            raise AssertionError(f"the daemon gave up: {s['state_reason']}")
         ok = s and s["state"] == "ready" and s["server"] and s["server"]["pid"] != launcher
         return s if ok else None
 

@@ -254,8 +254,11 @@ def make_handler(app: Launcher) -> type[BaseHTTPRequestHandler]:
 
 def run_launcher(args: argparse.Namespace, argv: list[str]) -> int:
     app = Launcher(args, argv)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    # No lock in a signal handler: Event.set() from a handler that interrupted the main
+    # thread inside Event.wait() deadlocks on the event's own lock (seen on the H200: a
+    # launcher that never exited on SIGTERM). Appending to a list takes no lock.
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     server = ThreadingHTTPServer((args.host, args.port), make_handler(app))
     server.daemon_threads = True
     threading.Thread(
@@ -264,7 +267,8 @@ def run_launcher(args: argparse.Namespace, argv: list[str]) -> int:
     log("launcher", f"pid {os.getpid()} on {args.host}:{args.port}, {app.ranks} rank(s)")
     app.spawn()
     announced = False
-    while not stop.wait(0.05):
+    while not stopping:
+        time.sleep(0.05)
         for r, child in enumerate(app.children):
             if child.poll() is not None:
                 log("launcher", f"rank {r} (pid {child.pid}) exited with {child.returncode}")
