@@ -19,12 +19,13 @@ import psutil
 from supervisor.gpu import GpuInfo, GpuSample
 from supervisor.layout import Layout
 from supervisor.levers import LeverProblem, LeverSet
+from supervisor.planner.hicache import (
+    SGLANG_HOST_RAM_MARGIN,
+    auto_sized,
+    available_host_ram_bytes,
+    host_pool_bytes_per_rank,
+)
 from supervisor.units import GB, GiB
-
-#: SGLang refuses a host pool larger than the available RAM minus this margin.
-SGLANG_HOST_RAM_MARGIN = 10 * GiB
-#: SGLang's hicache_ratio when the hierarchical cache is on and neither size nor ratio is set.
-DEFAULT_HICACHE_RATIO = 2.0
 
 
 def _int(levers: Mapping[str, Any], name: str, default: int = 1) -> int:
@@ -42,25 +43,12 @@ def ranks(levers: Mapping[str, Any]) -> int:
     return Layout.of(levers).ranks
 
 
-def host_pool_bytes_per_rank(levers: Mapping[str, Any], gpu_total_bytes: int) -> int:
-    """Pinned host memory one rank's hierarchical cache takes (0 when it is off).
-
-    ``hicache_size`` is decimal GB per rank. Without it, ``hicache_ratio`` × the device KV
-    pool, which is at most ``mem_fraction_static`` × the GPU's memory: an upper bound, as
-    the weights come out of that fraction too.
-    """
-    if not levers.get("enable_hierarchical_cache"):
-        return 0
-    size = _int(levers, "hicache_size", 0)
-    if size > 0:
-        return size * GB
-    ratio = float(levers.get("hicache_ratio") or DEFAULT_HICACHE_RATIO)
-    fraction = float(levers.get("mem_fraction_static") or 0.9)
-    return int(ratio * fraction * gpu_total_bytes)
-
-
-def pinned_host_bytes(levers: Mapping[str, Any], gpu_total_bytes: int) -> int:
-    return ranks(levers) * host_pool_bytes_per_rank(levers, gpu_total_bytes)
+def pinned_host_bytes(
+    levers: Mapping[str, Any], gpu_total_bytes: int, host_available_bytes: int | None = None
+) -> int:
+    """Pinned host RAM the server's hierarchical cache takes over all its ranks
+    (``supervisor.planner.hicache``: SGLang's auto-sizing when neither size nor ratio)."""
+    return ranks(levers) * host_pool_bytes_per_rank(levers, gpu_total_bytes, host_available_bytes)
 
 
 @dataclass(frozen=True)
@@ -73,7 +61,8 @@ class HostFacts:
 def host_facts(simulated_ram_bytes: int | None) -> HostFacts:
     if simulated_ram_bytes is not None:
         return HostFacts(simulated_ram_bytes, "simulated")
-    return HostFacts(int(psutil.virtual_memory().available), "host")
+    available, source = available_host_ram_bytes()
+    return HostFacts(available, source)
 
 
 def port_problem(host: str, port: int) -> str | None:
@@ -149,11 +138,23 @@ def check(
                     )
                 )
     gpu_total = min((g.memory_total_bytes for g in managed), default=0)
-    per_rank = host_pool_bytes_per_rank(lv, gpu_total)
-    if per_rank:
-        total = pinned_host_bytes(lv, gpu_total)
-        available = host.available_ram_bytes + freed_on_stop_bytes
-        budget = available - SGLANG_HOST_RAM_MARGIN
+    available = host.available_ram_bytes + freed_on_stop_bytes
+    budget = available - SGLANG_HOST_RAM_MARGIN
+    if auto_sized(lv) and budget <= 0:
+        # SGLang sizes the host pool to 0.8 of what is left after its margin; nothing left
+        # is its only refusal (mem_cache/hicache_auto_size.py:108-112).
+        problems.append(
+            LeverProblem(
+                "enable_hierarchical_cache",
+                f"the hierarchical cache is auto-sized to a share of the available host RAM, "
+                f"but only {available / GB:.1f} GB is available ({host.ram_source}) — not "
+                f"more than SGLang's {SGLANG_HOST_RAM_MARGIN / GiB:.0f} GiB reserve; free host "
+                "RAM or set hicache_size explicitly",
+            )
+        )
+    per_rank = host_pool_bytes_per_rank(lv, gpu_total, available)
+    if per_rank and not auto_sized(lv):
+        total = ranks(lv) * per_rank
         if total > budget:
             lever = "hicache_size" if _int(lv, "hicache_size", 0) > 0 else "hicache_ratio"
             problems.append(

@@ -1,0 +1,201 @@
+"""The capacity of one lever set: per rank, per DP worker, over the whole server."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from supervisor.layout import Layout
+from supervisor.planner.hicache import auto_ratio, auto_sized, host_pool_tokens
+from supervisor.planner.inputs import lever_bool, lever_float, lever_int
+from supervisor.planner.memory import sglang_reserve
+from supervisor.planner.model import ModelSpec
+from supervisor.planner.pools import pools
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpus: int
+    gpu_memory_bytes: int
+    #: Host RAM available to a new server (what SGLang's check measures).
+    host_ram_available_bytes: int
+    gpu_source: str = "given"
+    host_ram_source: str = "given"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What one lever set gives, per rank and over the server."""
+
+    mem_fraction_static: float
+    #: "lever" or "SGLang default".
+    mem_fraction_source: str
+    safe_mem_fraction: float
+    #: SGLang's own default for this lever set (rounded to 3 decimals).
+    sglang_default_fraction: float
+    #: The KV dtype stored (``auto`` resolved: fp8 on an FP8-KV checkpoint).
+    kv_cache_dtype: str
+    #: Bytes per token of ``max_total_num_tokens`` (full + ratio × sliding window).
+    cell_bytes: int
+    cell_bytes_exact: float
+    full_cell_bytes: int
+    swa_cell_bytes: int
+    weight_bytes_per_rank: int
+    #: ``max_total_num_tokens`` of one rank (one DP worker): the full pool.
+    kv_tokens_per_rank: int
+    kv_bytes_per_rank: int
+    #: The sliding-window pool (0 without sliding-window layers).
+    swa_tokens_per_rank: int
+    #: Mamba / linear-attention state slots per DP worker and the bytes of one.
+    mamba_slots_per_rank: int
+    mamba_state_bytes: int
+    #: The request cap the state slots impose per DP worker (None without them).
+    mamba_request_cap: int | None
+    avg_tokens: int
+    #: Requests whose KV fits at once at the average length, over all KV pools.
+    concurrent_requests: int
+    hierarchical_cache: bool
+    host_pool_tokens_per_rank: int
+    host_ram_needed_bytes: int
+    #: SGLang's resolved ``max_running_requests`` over the server (per worker × workers).
+    max_running_requests: int
+    max_running_requests_per_worker: int
+    max_running_requests_source: str
+    cuda_graph_max_bs_decode: int | None
+    #: Per DP worker (SGLang divides it by attn_dp_size).
+    chunked_prefill_size: int
+    schedule_conservativeness: float
+    ranks: int
+    replicas: int
+    attn_dp_size: int
+    #: Independent KV pools (request schedulers): replicas × attention-DP groups.
+    kv_pools: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def capacity(
+    model: ModelSpec,
+    levers: Mapping[str, Any],
+    gpu_bytes: int,
+    avg_tokens: int,
+    host_ram_bytes: int | None = None,
+) -> Capacity:
+    """Device and host KV capacity of ``levers`` on GPUs of ``gpu_bytes`` each
+    (``host_ram_bytes``: the available host RAM, for an auto-sized host pool)."""
+    lay = Layout.of(levers)
+    is_mla = model.shape.is_mla
+    reserve = sglang_reserve(gpu_bytes, levers, is_mla)
+    explicit = lever_float(levers, "mem_fraction_static")
+    p = pools(model, levers, gpu_bytes)
+    c = p.cells
+    tokens = p.kv_tokens
+    device_bytes = (
+        tokens * c.full_bytes
+        + p.swa_tokens * c.swa_bytes
+        + (p.mamba_slots + 1 if c.mamba_state_bytes else 0) * c.mamba_state_bytes
+    )
+    hicache = lever_bool(levers, "enable_hierarchical_cache")
+    host_tokens = 0
+    if hicache:
+        ratio = lever_float(levers, "hicache_ratio")
+        if auto_sized(levers) and host_ram_bytes is not None:
+            ratio = max(0.0, auto_ratio(device_bytes, host_ram_bytes, lay.ranks))
+        host_tokens = host_pool_tokens(
+            lever_int(levers, "hicache_size") or 0, ratio, tokens, c.exact
+        )
+    per_worker_fit = tokens // max(1, avg_tokens)
+    if p.mamba_request_cap is not None:
+        per_worker_fit = min(per_worker_fit, p.mamba_request_cap)
+    conservativeness = lever_float(levers, "schedule_conservativeness") or 1.0
+    if lay.attn_dp_size > 1:
+        conservativeness *= 0.3  # parallel_hook.py:314-319
+    chunk = reserve.chunked_prefill_size
+    if lay.attn_dp_size > 1 and chunk > 0:
+        chunk //= lay.attn_dp_size  # parallel_hook.py:327-332
+    return Capacity(
+        mem_fraction_static=p.mem_fraction_static,
+        mem_fraction_source="lever" if explicit is not None else "SGLang default",
+        safe_mem_fraction=reserve.safe_fraction,
+        sglang_default_fraction=reserve.sglang_default_fraction,
+        kv_cache_dtype=c.kv_cache_dtype,
+        cell_bytes=c.cell,
+        cell_bytes_exact=round(c.exact, 3),
+        full_cell_bytes=c.full_bytes,
+        swa_cell_bytes=c.swa_bytes,
+        weight_bytes_per_rank=p.weight_bytes_per_rank,
+        kv_tokens_per_rank=tokens,
+        kv_bytes_per_rank=int(tokens * c.exact),
+        swa_tokens_per_rank=p.swa_tokens,
+        mamba_slots_per_rank=p.mamba_slots,
+        mamba_state_bytes=c.mamba_state_bytes,
+        mamba_request_cap=p.mamba_request_cap,
+        avg_tokens=avg_tokens,
+        concurrent_requests=lay.kv_pools * per_worker_fit,
+        hierarchical_cache=hicache,
+        host_pool_tokens_per_rank=host_tokens,
+        host_ram_needed_bytes=int(host_tokens * c.exact) * lay.ranks,
+        max_running_requests=p.max_running_requests * lay.kv_pools,
+        max_running_requests_per_worker=p.max_running_requests,
+        max_running_requests_source=p.max_running_source,
+        cuda_graph_max_bs_decode=reserve.decode_graph_max_bs,
+        chunked_prefill_size=chunk,
+        schedule_conservativeness=round(conservativeness, 6),
+        ranks=lay.ranks,
+        replicas=lay.dp_size,
+        attn_dp_size=lay.attn_dp_size,
+        kv_pools=lay.kv_pools,
+    )
+
+
+# --- live load ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LiveLoad:
+    """What the running server says about its load (SGLang's gauges)."""
+
+    running_requests: float | None = None
+    queued_requests: float | None = None
+    token_usage: float | None = None
+    gen_tokens_per_s: float | None = None
+    cache_hit_rate: float | None = None
+    max_total_num_tokens: int | None = None
+
+    def avg_tokens(self) -> int | None:
+        """KV tokens per running request: ``token_usage × max_total_num_tokens / running``."""
+        if not self.running_requests or self.token_usage is None or not self.max_total_num_tokens:
+            return None
+        value = round(self.token_usage * self.max_total_num_tokens / self.running_requests)
+        return value if value > 0 else None
+
+    def diagnosis(self) -> str:
+        """Where the bottleneck is, in one sentence."""
+        running = int(self.running_requests or 0)
+        queued = int(self.queued_requests or 0)
+        usage = self.token_usage
+        if usage is None and self.running_requests is None:
+            return "no live metrics yet: the plan rests on the model and the hardware alone"
+        use = f"{usage:.2f}" if usage is not None else "unknown"
+        if queued > 0 and usage is not None and usage >= 0.9:
+            return (
+                f"KV-cache bound: token usage {use} with {running} requests running and "
+                f"{queued} queued — more KV tokens per GPU let more requests run at once"
+            )
+        if queued > 0:
+            return (
+                f"requests queue ({queued}) while the KV cache is {use} used with {running} "
+                "running: the limit is max_running_requests or compute, not KV memory"
+            )
+        return (
+            f"not saturated: {running} running, none queued, token usage {use} — the levers "
+            "add headroom for load to come"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,167 @@
+"""One rank's pools for a lever set, as SGLang 0.5.23 sizes them at start.
+
+(Paths under ``sglang/srt/``.) The budget is ``mem_fraction_static × total − weights``
+(``mem_cache/kv_cache_configurator.py:2990-3060``: free memory after loading minus
+``(1 − fraction) × total``; real SGLang also loses the CUDA context and NCCL buffers,
+1–3 GiB, so its logged ``#tokens`` is a few percent lower). From it:
+
+* linear-attention hybrids first take the state pool: ``mamba_full_memory_ratio``
+  (0.9) / (1 + ratio) of the budget in slots of one request's state
+  (``kv_cache_configurator.py:3229-3408``);
+* the full pool gets ``rest // cell`` tokens, the sliding-window pool
+  ``swa_full_tokens_ratio`` × that (``model_executor/pool_configurator.py:859-918``);
+* ``max_running_requests`` per DP worker: the lever (or 48 with speculative decoding)
+  // attn_dp, else ``clamp(tokens / context_len × 512, 2048, 4096)``, at most tokens / 2,
+  and at most the state slots / 3 (1 without the radix cache) in Mamba hybrids
+  (``kv_cache_configurator.py:3115-3173``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from supervisor.layout import Layout
+from supervisor.planner.cells import Cells, cells
+from supervisor.planner.inputs import (
+    lever_bool,
+    lever_float,
+    lever_int,
+    parse_count,
+    requested_max_running,
+    speculative,
+)
+from supervisor.planner.memory import effective_fraction
+from supervisor.planner.model import ModelSpec
+
+#: SGLang's default ``mamba_full_memory_ratio`` (``arg_groups/fields/schedule.py:220-227``).
+DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
+#: State slots per running request with the radix cache (``kv_cache_configurator.py:227``).
+MAMBA_SLOTS_PER_REQUEST = 3
+
+
+def weight_bytes_per_rank(model: ModelSpec, tp_size: int, pp_size: int = 1) -> int:
+    """The weights split evenly over ``tp × pp`` ranks (replicated embeddings and norms
+    are ignored: a slight underestimate at large TP)."""
+    return int(model.weight_bytes // (max(1, tp_size) * max(1, pp_size)))
+
+
+def loaded_weight_bytes_per_rank(model: ModelSpec, levers: Mapping[str, Any]) -> int:
+    """Weights one rank loads: the MTP layers only with speculative decoding; with
+    attention DP the attention weights are split over the attention TP group only
+    (replicated across the DP groups), the rest over ``tp × pp``."""
+    lay = Layout.of(levers)
+    total = model.loaded_weight_bytes(speculative(levers))
+    attn = min(model.attention_weight_bytes, total) if lay.attn_dp_size > 1 else 0
+    rest = (total - attn) // (lay.tp_size * lay.pp_size)
+    return int(rest + attn // (lay.attn_tp_size * lay.pp_size))
+
+
+def kv_tokens(
+    total_bytes: int, mem_fraction: float, weight_bytes_per_rank: int, cell_bytes: float
+) -> int:
+    """Tokens one rank's KV pool holds: ``(mem_fraction × total − weights) // cell``,
+    floored at 0 (the weights alone do not fit)."""
+    if cell_bytes <= 0:
+        raise ValueError(f"cell_bytes must be positive, got {cell_bytes}")
+    free_for_kv = mem_fraction * total_bytes - weight_bytes_per_rank
+    return max(0, int(free_for_kv // cell_bytes))
+
+
+@dataclass(frozen=True)
+class Pools:
+    """One rank's (one DP worker's) pools."""
+
+    cells: Cells
+    mem_fraction_static: float
+    weight_bytes_per_rank: int
+    #: ``fraction × total − weights``: what the pools share.
+    budget_bytes: int
+    #: ``max_total_num_tokens``: the full pool (capped by ``max_total_tokens``).
+    kv_tokens: int
+    swa_tokens: int
+    #: ``max_mamba_cache_size`` per DP worker (0 without linear attention).
+    mamba_slots: int
+    #: The request cap the state slots impose (None without linear attention).
+    mamba_request_cap: int | None
+    #: SGLang's ``max_running_requests`` per DP worker.
+    max_running_requests: int
+    max_running_source: str
+
+
+def _mamba_slots(
+    budget: float, per_slot: int, levers: Mapping[str, Any], attn_dp: int
+) -> tuple[int, float]:
+    """(state slots, bytes they take) per ``_handle_max_mamba_cache``."""
+    explicit = lever_int(levers, "max_mamba_cache_size")
+    running = requested_max_running(levers)
+    if explicit is not None and explicit > 0:
+        slots = explicit // attn_dp
+    elif lever_bool(levers, "disable_radix_cache") and running is not None:
+        slots = max(1, running // attn_dp)
+    else:
+        ratio = lever_float(levers, "mamba_full_memory_ratio")
+        r = DEFAULT_MAMBA_FULL_MEMORY_RATIO if ratio is None else ratio
+        share = budget * r / (1 + r)
+        if speculative(levers):
+            d = lever_int(levers, "speculative_num_draft_tokens") or 4
+            slots = int((share - per_slot * (1 + d)) // (per_slot * (1 + d / 3)))
+            capped = min(max(1, (running or 48) // attn_dp), max(0, slots) // 3)
+            return slots, (max(0, slots) + 1) * per_slot + per_slot * (capped + 1) * d
+        slots = int((share - per_slot) // per_slot)
+    return slots, (max(0, slots) + 1) * per_slot
+
+
+def pools(model: ModelSpec, levers: Mapping[str, Any], gpu_bytes: int) -> Pools:
+    """The pools of one rank for ``levers`` on a GPU of ``gpu_bytes``."""
+    shape = model.shape
+    lay = Layout.of(levers)
+    c = cells(shape, levers)
+    fraction = effective_fraction(gpu_bytes, levers, shape.is_mla)
+    weights = loaded_weight_bytes_per_rank(model, levers)
+    budget = fraction * gpu_bytes - weights
+    rest = budget
+    slots = 0
+    if c.mamba_state_bytes:
+        slots, taken = _mamba_slots(budget, c.mamba_state_bytes, levers, lay.attn_dp_size)
+        rest = budget - taken
+    tokens = max(0, int(rest // c.exact)) if c.exact > 0 else 0
+    cap = parse_count(levers.get("max_total_tokens"))
+    if cap is not None:
+        tokens = min(tokens, cap)
+    swa = int(tokens * c.swa_full_tokens_ratio) if c.swa_layers else 0
+    # max_running_requests (resolve_max_num_reqs).
+    context = parse_count(levers.get("context_length")) or model.context_length or 4096
+    requested = requested_max_running(levers)
+    if requested is not None:
+        running = min(max(1, requested // lay.attn_dp_size), tokens // 2)
+        source = "lever" if lever_int(levers, "max_running_requests") else "speculative default 48"
+    else:
+        estimated = max(min(int(tokens / context * 512), 4096), 2048)
+        running = min(estimated, tokens // 2)
+        source = "SGLang default"
+    mamba_cap = None
+    if c.mamba_state_bytes:
+        per_request = 1 if lever_bool(levers, "disable_radix_cache") else MAMBA_SLOTS_PER_REQUEST
+        mamba_cap = max(0, slots) // per_request
+        if mamba_cap < running:
+            running, source = mamba_cap, "capped by the Mamba state slots"
+    return Pools(
+        cells=c,
+        mem_fraction_static=fraction,
+        weight_bytes_per_rank=weights,
+        budget_bytes=int(budget),
+        kv_tokens=tokens,
+        swa_tokens=swa,
+        mamba_slots=max(0, slots),
+        mamba_request_cap=mamba_cap,
+        max_running_requests=max(0, running),
+        max_running_source=source,
+    )
+
+
+def pool_tokens(model: ModelSpec, levers: Mapping[str, Any], gpu_bytes: int) -> int:
+    """``max_total_num_tokens`` of one rank for ``levers`` (``Pools.kv_tokens``). The
+    simulated server reports exactly this."""
+    return pools(model, levers, gpu_bytes).kv_tokens

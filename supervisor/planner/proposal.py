@@ -1,0 +1,265 @@
+"""The proposal: every lever that raises KV capacity, sized for this model and machine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from supervisor.layout import Layout
+from supervisor.planner.capacity import Capacity, Hardware, LiveLoad, capacity
+from supervisor.planner.cells import is_fp8
+from supervisor.planner.hicache import (
+    SGLANG_HOST_RAM_MARGIN,
+    host_pool_bytes_per_rank,
+)
+from supervisor.planner.inputs import lever_bool, lever_int
+from supervisor.planner.memory import (
+    LARGE_GPU_MIB,
+    MIN_ACTIVATION_TOKENS,
+    round_up_graph_bs,
+    sglang_default_chunked_prefill,
+    sglang_reserve,
+)
+from supervisor.planner.model import GB, GiB, MiB, ModelSpec, PlanError
+from supervisor.planner.notes import honest_notes
+from supervisor.planner.pools import pools
+from supervisor.planner.report import LeverNote, Plan, in_effect, reason
+
+#: Host RAM the planner leaves to the OS, page cache, the tokenizer and detokenizer and the
+#: daemon, on top of SGLang's margin: 10% of what is available, at least 8 GiB.
+OS_HEADROOM_FRACTION = 0.10
+OS_HEADROOM_MIN_BYTES = 8 * GiB
+#: The fp8 KV dtype the planner proposes (e4m3: more mantissa, the usual choice).
+PROPOSED_FP8_DTYPE = "fp8_e4m3"
+#: Largest decode CUDA-graph batch the planner proposes (each captured size costs
+#: ~2 MiB of reserve; SGLang's own largest default is 512).
+MAX_PROPOSED_GRAPH_BS = 1024
+
+#: A check of a lever set by SGLang itself: None when it accepts, else why not.
+Validator = Callable[[Mapping[str, Any]], "str | None"]
+
+#: The order the proposal lists its levers in (the biggest effect on capacity first).
+_LEVER_ORDER = {
+    name: i
+    for i, name in enumerate(
+        (
+            "attn_dp_size",
+            "kv_cache_dtype",
+            "mem_fraction_static",
+            "chunked_prefill_size",
+            "max_running_requests",
+            "cuda_graph_max_bs_decode",
+            "enable_hierarchical_cache",
+            "hicache_size",
+        )
+    )
+}
+
+
+def host_cache_budget_per_rank(host_ram_available_bytes: int, ranks: int) -> int:
+    """Bytes of pinned host pool one rank may take: (available − SGLang's 10 GiB margin −
+    OS headroom) / ranks, never negative. The total always fits SGLang's own check."""
+    headroom = max(OS_HEADROOM_MIN_BYTES, int(host_ram_available_bytes * OS_HEADROOM_FRACTION))
+    budget = host_ram_available_bytes - SGLANG_HOST_RAM_MARGIN - headroom
+    return max(0, budget // max(1, ranks))
+
+
+def hicache_refused(levers: Mapping[str, Any]) -> str | None:
+    """Why SGLang refuses the hierarchical cache with ``levers`` (None: it does not)."""
+    if lever_bool(levers, "disable_radix_cache"):
+        return "disable_radix_cache is set (the hierarchical cache extends the radix cache)"
+    if lever_bool(levers, "enable_lmcache"):
+        return "enable_lmcache is set (LMCache and the hierarchical cache exclude each other)"
+    return None
+
+
+def _chunk_under_floor(gpu_bytes: int, levers: Mapping[str, Any], is_mla: bool, start: int) -> int:
+    """The largest of ``start``, ``start / 2``, ... (≥ 2048) whose reserve stays within
+    SGLang's 10 GiB floor; ``start`` when none does, or on GPUs ≤ 60 GiB (no floor)."""
+    if gpu_bytes / MiB <= LARGE_GPU_MIB:
+        return start
+    chunk = start
+    while chunk >= MIN_ACTIVATION_TOKENS:
+        reserve = sglang_reserve(gpu_bytes, {**levers, "chunked_prefill_size": chunk}, is_mla)
+        if reserve.total_mib - reserve.parts_mib.get("deepep_a2a", 0.0) <= reserve.floor_mib:
+            return chunk
+        chunk //= 2
+    return start
+
+
+def _tune(
+    model: ModelSpec,
+    hardware: Hardware,
+    current: Mapping[str, Any],
+    base: dict[str, Any],
+    *,
+    avg_tokens: int,
+    target_concurrency: int | None,
+) -> dict[str, Any]:
+    """fp8 KV, chunk, fraction, running requests, graphs and host cache on ``base``."""
+    gpu = hardware.gpu_memory_bytes
+    is_mla = model.shape.is_mla
+    new = dict(base)
+    lay = Layout.of(new)
+    now = capacity(model, new, gpu, avg_tokens)
+    if not is_fp8(now.kv_cache_dtype):
+        new["kv_cache_dtype"] = PROPOSED_FP8_DTYPE
+    default_chunk = sglang_default_chunked_prefill(gpu / MiB)
+    cur_chunk = lever_int(current, "chunked_prefill_size")
+    start = cur_chunk if cur_chunk is not None and cur_chunk > 0 else default_chunk
+    chunk = _chunk_under_floor(gpu, new, is_mla, start)
+    if chunk != (cur_chunk if cur_chunk is not None else default_chunk):
+        new["chunked_prefill_size"] = chunk
+    # Fraction, concurrency and graphs depend on each other: iterate to a fixed point.
+    for _ in range(4):
+        new["mem_fraction_static"] = sglang_reserve(gpu, new, is_mla).safe_fraction
+        p = pools(model, {**new, "max_running_requests": None}, gpu)
+        fit = p.kv_tokens // avg_tokens
+        if p.mamba_request_cap is not None:
+            fit = min(fit, p.mamba_request_cap)
+        per_worker = max(1, fit)
+        if target_concurrency:
+            per_worker = max(1, min(per_worker, -(-target_concurrency // lay.kv_pools)))
+        running = per_worker * lay.attn_dp_size
+        bs = min(round_up_graph_bs(per_worker), MAX_PROPOSED_GRAPH_BS)
+        if new.get("max_running_requests") == running and new.get("cuda_graph_max_bs_decode") == bs:
+            break
+        new["max_running_requests"] = running
+        new["cuda_graph_max_bs_decode"] = bs
+    new["mem_fraction_static"] = min(
+        new["mem_fraction_static"], sglang_reserve(gpu, new, is_mla).safe_fraction
+    )
+    # The host cache, where SGLang accepts one.
+    budget = host_cache_budget_per_rank(hardware.host_ram_available_bytes, lay.ranks)
+    p = pools(model, new, gpu)
+    size_gb = budget // GB
+    host_tokens = int(size_gb * GB // max(1.0, p.cells.exact))
+    if hicache_refused(new) is None and size_gb >= 1 and host_tokens > p.kv_tokens:
+        new["enable_hierarchical_cache"] = True
+        new["hicache_size"] = int(size_gb)
+    elif lever_bool(new, "enable_hierarchical_cache") and (
+        host_pool_bytes_per_rank(new, gpu, hardware.host_ram_available_bytes) > budget
+    ):
+        if size_gb >= 1:
+            new["hicache_size"] = int(size_gb)
+        else:
+            new["enable_hierarchical_cache"] = False
+    return new
+
+
+def attention_dp_candidate(model: ModelSpec, levers: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``levers`` with attention DP over the whole TP group, for an MLA model whose TP
+    ranks all store the same latent KV today; None when it does not apply."""
+    lay = Layout.of(levers)
+    if not model.shape.is_mla or lay.tp_size < 2 or lay.attn_dp_size > 1 or lay.dp_size > 1:
+        return None
+    return {**levers, "attn_dp_size": lay.tp_size}
+
+
+def propose(
+    model: ModelSpec,
+    hardware: Hardware,
+    current_levers: Mapping[str, Any],
+    *,
+    avg_tokens: int,
+    avg_tokens_source: str = "given",
+    target_concurrency: int | None = None,
+    live: LiveLoad | None = None,
+    validate: Validator | None = None,
+) -> Plan:
+    """Every lever that raises KV capacity, sized for this model and machine.
+
+    In order: attention DP for MLA models when it raises capacity; fp8 KV (unless the
+    checkpoint already stores fp8); a chunked-prefill size within SGLang's 10 GiB reserve
+    floor; the highest safe ``mem_fraction_static``; the hierarchical cache sized to the
+    host RAM left after SGLang's margin and OS headroom (never where SGLang refuses it);
+    ``max_running_requests`` = requests that fit at ``avg_tokens`` (or the target) and
+    ``cuda_graph_max_bs_decode`` covering one worker's batch. TP/PP/DP are never changed.
+    ``validate`` (SGLang's own resolution, where installed) checks each candidate: one it
+    refuses is never proposed.
+
+    Raises ``PlanError`` when the lever set needs more GPUs than ``hardware`` has or the
+    inputs are out of range.
+    """
+    if avg_tokens <= 0:
+        raise PlanError(f"avg_tokens must be positive, got {avg_tokens}")
+    if hardware.gpu_memory_bytes <= 0 or hardware.gpus <= 0:
+        raise PlanError("the GPU count and GPU memory must be positive")
+    if target_concurrency is not None and target_concurrency <= 0:
+        raise PlanError(f"target_concurrency must be positive, got {target_concurrency}")
+    current = dict(current_levers)
+    shape = Layout.of(current)
+    if shape.gpus_needed > hardware.gpus:
+        raise PlanError(
+            f"{shape.describe()} needs {shape.gpus_needed} GPUs but the plan has "
+            f"{hardware.gpus}; give more GPUs or lower tp_size/dp_size in the current levers"
+        )
+    gpu, host = hardware.gpu_memory_bytes, hardware.host_ram_available_bytes
+    now = capacity(model, current, gpu, avg_tokens, host)
+    refused: list[str] = []
+
+    def accepted(levers: dict[str, Any]) -> bool:
+        if validate is None:
+            return True
+        why = validate(levers)
+        if why is not None:
+            refused.append(why)
+        return why is None
+
+    tune = {"avg_tokens": avg_tokens, "target_concurrency": target_concurrency}
+    new = _tune(model, hardware, current, current, **tune)  # type: ignore[arg-type]
+    after = capacity(model, new, gpu, avg_tokens, host)
+    if not accepted(new):
+        new, after = dict(current), now
+    dp_base = attention_dp_candidate(model, current)
+    dp_after: Capacity | None = None
+    if dp_base is not None:
+        dp_new = _tune(model, hardware, current, dp_base, **tune)  # type: ignore[arg-type]
+        dp_after = capacity(model, dp_new, gpu, avg_tokens, host)
+        if dp_after.concurrent_requests > after.concurrent_requests and accepted(dp_new):
+            new, after = dp_new, dp_after
+    changes = {
+        k: new[k]
+        for k in sorted(new, key=lambda k: _LEVER_ORDER.get(k, len(_LEVER_ORDER)))
+        if current.get(k) != new[k]
+    }
+    ranks = after.ranks
+    budget = host_cache_budget_per_rank(host, ranks)
+    notes = [
+        LeverNote(
+            lever,
+            current[lever] if lever in current else in_effect(lever, now),
+            value,
+            reason(lever, now, after, gpu_bytes=gpu, budget=budget, ranks=ranks),
+            current_is_default=lever not in current,
+        )
+        for lever, value in changes.items()
+    ]
+    honest = honest_notes(
+        model,
+        hardware,
+        current,
+        new,
+        now,
+        after,
+        dp_after=dp_after,
+        budget=budget,
+        target_concurrency=target_concurrency,
+        refused=refused,
+    )
+    return Plan(
+        model=model,
+        hardware=hardware,
+        avg_tokens=avg_tokens,
+        avg_tokens_source=avg_tokens_source,
+        target_concurrency=target_concurrency,
+        diagnosis=(live or LiveLoad()).diagnosis(),
+        current_levers=current,
+        current=now,
+        proposed=after,
+        levers=changes,
+        lever_notes=notes,
+        notes=honest,
+        live=live,
+        reserve=sglang_reserve(gpu, new, model.shape.is_mla).to_json(),
+    )
