@@ -10,6 +10,7 @@ from supervisor.planner.capacity import Capacity, Hardware, LiveLoad, capacity
 from supervisor.planner.cells import is_fp8
 from supervisor.planner.hicache import (
     SGLANG_HOST_RAM_MARGIN,
+    auto_sized,
     host_pool_bytes_per_rank,
 )
 from supervisor.planner.inputs import lever_bool, lever_int
@@ -121,6 +122,8 @@ def _tune(
         if target_concurrency:
             per_worker = max(1, min(per_worker, -(-target_concurrency // lay.kv_pools)))
         running = per_worker * lay.attn_dp_size
+        if target_concurrency:
+            running = min(running, target_concurrency)
         bs = min(round_up_graph_bs(per_worker), MAX_PROPOSED_GRAPH_BS)
         if new.get("max_running_requests") == running and new.get("cuda_graph_max_bs_decode") == bs:
             break
@@ -139,7 +142,10 @@ def _tune(
         new["hicache_size"] = int(size_gb)
     elif lever_bool(new, "enable_hierarchical_cache") and (
         host_pool_bytes_per_rank(new, gpu, hardware.host_ram_available_bytes) > budget
+        or (auto_sized(new) and hardware.host_ram_available_bytes <= SGLANG_HOST_RAM_MARGIN)
     ):
+        # The operator's host cache does not fit (or SGLang's auto-sizing finds nothing
+        # left after its margin and refuses): shrink it, or turn it off.
         if size_gb >= 1:
             new["hicache_size"] = int(size_gb)
         else:

@@ -399,16 +399,20 @@ def test_proposal_never_exceeds_host_ram_or_the_safe_fraction(args: tuple[Any, .
     assert proposed["mem_fraction_static"] <= reserve.fraction
     # Never more pinned host memory than is available after SGLang's margin: the same
     # computation preflight refuses with.
-    per_rank = preflight.host_pool_bytes_per_rank(proposed, gpu_bytes)
+    per_rank = preflight.host_pool_bytes_per_rank(proposed, gpu_bytes, ram)
     ranks = preflight.ranks(proposed)
     assert per_rank * ranks <= max(0, ram - preflight.SGLANG_HOST_RAM_MARGIN)
     assert plan.proposed.host_ram_needed_bytes <= max(0, ram - preflight.SGLANG_HOST_RAM_MARGIN)
     # Valid flags of the bundled SGLang 0.5.23.
     assert check_levers(LeverSet(plan.levers), SCHEMA).levers == plan.levers
-    # Never fewer KV tokens unless the current fraction was above the safe one.
+    # Never fewer KV tokens over all pools (attention DP trades tokens per rank for pools)
+    # unless the current fraction was above the safe one.
     cur_fraction = plan.current.mem_fraction_static
     if cur_fraction <= proposed["mem_fraction_static"]:
-        assert plan.proposed.kv_tokens_per_rank >= plan.current.kv_tokens_per_rank
+        assert (
+            plan.proposed.kv_tokens_per_rank * plan.proposed.kv_pools
+            >= plan.current.kv_tokens_per_rank * plan.current.kv_pools
+        )
     if target is not None:
         assert proposed["max_running_requests"] <= target
 
