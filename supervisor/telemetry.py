@@ -45,10 +45,17 @@ class Throughput:
 
 
 def parse_metrics(text: str) -> Throughput:
-    """Sum SGLang's series over their labels (one server may export per-DP-rank series)."""
+    """Sum SGLang's series over their labels (one server may export per-DP-rank series).
+
+    With priority scheduling SGLang exports each queue gauge twice over: the total under
+    ``priority=""`` and a breakdown under ``priority="<n>"``
+    (``srt/observability/metrics_collector.py:1417-1430``): only the total is read.
+    """
     out = Throughput(source="metrics")
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            if sample.labels.get("priority", ""):
+                continue  # a per-priority breakdown of a total counted already
             name = sample.name
             key = _GAUGES.get(name)
             if key is None and name.endswith("_total"):
