@@ -4,8 +4,8 @@
 
 * MHA/GQA: ``max(1, kv_heads // attn_tp) × (head_dim + v_head_dim) × b`` per layer — KV
   heads split over the *attention* TP group (``tp / attn_dp_size``), replicated when
-  fewer (``:340-360``, ``get_num_kv_heads(attn_tp_size)``).
-* MLA: ``(kv_lora_rank + qk_rope_head_dim) × b`` per layer, never split (``:370-395``).
+  fewer (``:491-497``, ``get_num_kv_heads(attn_tp_size)``).
+* MLA: ``(kv_lora_rank + qk_rope_head_dim) × b`` per layer, never split (``:359-396``).
 * Only full-attention layers hold KV in linear-attention hybrids (``:228-236``).
 * Sliding-window hybrids: ``full × full_layers + swa_full_tokens_ratio × swa ×
   swa_layers`` (``:786-803``), a float: 8,294.4 B/token for gpt-oss-120b at TP8 bf16.

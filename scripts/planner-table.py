@@ -1,0 +1,67 @@
+"""Render tests/planner_cases.py into docs/planner.md's table (between its markers).
+
+    .venv/bin/python scripts/planner-table.py          # rewrite the table
+    .venv/bin/python scripts/planner-table.py --check  # exit 1 when it is stale
+
+SGLang's figures are the cases' own (SGLang 0.5.23's pipeline and formulas); the
+planner's are computed now, so the table shows both and cannot drift from the tests.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from supervisor import planner  # noqa: E402
+from tests.planner_cases import CASES, H200, planner_model  # noqa: E402
+
+DOC = ROOT / "docs" / "planner.md"
+BEGIN = "<!-- planner-table: begin (scripts/planner-table.py) -->"
+END = "<!-- planner-table: end -->"
+
+
+def _levers(levers: dict[str, object]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in levers.items())
+
+
+def table() -> str:
+    rows = [
+        "| Model, levers (8×H200, 143,771 MiB) | fraction SGLang / planner | cell B SGLang / "
+        "planner | KV tokens per rank SGLang / planner | SGLang 0.5.23 source |",
+        "|---|---|---|---|---|",
+    ]
+    for case in CASES:
+        cap = planner.capacity(planner_model(case.model), case.levers, H200, 4096)
+        rows.append(
+            f"| {case.name} (`{_levers(case.levers)}`) "
+            f"| {case.fraction:.3f} / {cap.mem_fraction_static:.3f} "
+            f"| {case.cell:,.1f} / {cap.cell_bytes_exact:,.1f} "
+            f"| {case.kv_tokens():,} / {cap.kv_tokens_per_rank:,} "
+            f"| `{case.source}` |"
+        )
+    return "\n".join(rows)
+
+
+def render(text: str) -> str:
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{table()}\n{END}{tail}"
+
+
+def main() -> int:
+    text = DOC.read_text()
+    new = render(text)
+    if "--check" in sys.argv[1:]:
+        if new != text:
+            print("docs/planner.md's table is stale: run scripts/planner-table.py")
+            return 1
+        return 0
+    DOC.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,279 @@
+"""The planner against SGLang 0.5.23's own figures, for the models operators run on 8×H200.
+
+Each case's SGLang figures come from SGLang 0.5.23 itself, not from the planner:
+
+* ``fraction``: SGLang's resolved ``mem_fraction_static``, from its own resolution pipeline
+  (``ServerArgs.resolve_once``) run on a CPU host with an H200's 143771 MiB supplied
+  (``scripts/sglang-oracle.py``); the arithmetic of ``arg_groups/memory_hook.py:291-328``
+  is spelled out in each case's ``why``.
+* ``cell``: bytes per token of ``max_total_num_tokens`` by
+  ``model_executor/pool_configurator.py`` (the formula per case in ``why``).
+* ``kv_tokens``: ``(fraction × total − weights per rank − state pool) // cell``
+  (``mem_cache/kv_cache_configurator.py:2990-3060``, ``:3229-3408`` for the state pool),
+  computed here from the case's own numbers.
+
+``scripts/planner-table.py`` renders these cases into docs/planner.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MiB = 1 << 20
+H200 = 143771 * MiB
+
+
+def _gpt_oss_layers() -> list[str]:
+    return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(36)]
+
+
+MODELS: dict[str, dict[str, Any]] = {
+    # DeepSeek-V3's config.json (the fields the planner and SGLang read).
+    "DeepSeek-V3": {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 1536,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "vocab_size": 129280,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 3,
+        "num_nextn_predict_layers": 1,
+        "max_position_embeddings": 163840,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+    },
+    # openai/gpt-oss-120b: 36 layers alternating sliding (128 tokens) and full attention.
+    "gpt-oss-120b": {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "hidden_size": 2880,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "intermediate_size": 2880,
+        "num_local_experts": 128,
+        "vocab_size": 201088,
+        "sliding_window": 128,
+        "layer_types": _gpt_oss_layers(),
+        "max_position_embeddings": 131072,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {
+            "quant_method": "mxfp4",
+            "modules_to_not_convert": ["model.layers.*.self_attn", "lm_head"],
+        },
+    },
+    # Qwen/Qwen3-Next-80B-A3B-Instruct: every 4th layer full attention, the rest GDN.
+    "Qwen3-Next-80B-A3B": {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "hidden_size": 2048,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "intermediate_size": 5120,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "num_experts": 512,
+        "full_attention_interval": 4,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "max_position_embeddings": 262144,
+        "vocab_size": 151936,
+        "torch_dtype": "bfloat16",
+    },
+    # nvidia/Llama-3.1-8B-Instruct-FP8 (ModelOpt): weights and KV quantized to FP8.
+    "Llama-3.1-8B-FP8": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {
+            "quant_method": "modelopt",
+            "quant_algo": "FP8",
+            "kv_cache_quant_algo": "FP8",
+        },
+    },
+}
+
+#: The checkpoints' weights (``model.safetensors.index.json`` ``metadata.total_size``).
+WEIGHTS = {
+    "DeepSeek-V3": 688_586_727_753,
+    "gpt-oss-120b": 65_248_815_744,
+    "Qwen3-Next-80B-A3B": 162_651_901_952,
+    "Llama-3.1-8B-FP8": 9_080_000_000,
+}
+#: DeepSeek-V3's MTP layer (model.layers.61.*): loaded only with speculative decoding.
+DSV3_MTP = WEIGHTS["DeepSeek-V3"] // 62
+#: DeepSeek-V3's attention projections, replicated on every attention-DP rank: per layer
+#: q_a 7168×1536 + q_b 1536×128×192 + kv_a 7168×576 + kv_b 512×128×256 + o 128×128×7168
+#: = 187,105,280 parameters × 61 layers × 1 byte (fp8).
+DSV3_ATTENTION = 187_105_280 * 61
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    levers: dict[str, Any]
+    #: SGLang 0.5.23's resolved mem_fraction_static (its own pipeline).
+    fraction: float
+    #: Bytes per token of max_total_num_tokens (pool_configurator.py).
+    cell: float
+    #: Weights one rank loads.
+    weights_per_rank: int
+    why: str
+    source: str
+    #: Bytes of one request's linear-attention state, and SGLang's ratio (0.9).
+    mamba_state: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def kv_tokens(self) -> int:
+        """SGLang's ``max_total_num_tokens`` from its formulas and the case's numbers."""
+        budget = self.fraction * H200 - self.weights_per_rank
+        if self.mamba_state:
+            # kv_cache_configurator.py:3368-3408: slots = (budget × 0.9/1.9 − s) // s,
+            # the pool takes (slots + 1) × s.
+            share = budget * 0.9 / 1.9
+            slots = int((share - self.mamba_state) // self.mamba_state)
+            budget -= (slots + 1) * self.mamba_state
+        return int(budget // self.cell)
+
+
+W = WEIGHTS
+CASES: list[Case] = [
+    Case(
+        "DeepSeek-V3 TP8",
+        "DeepSeek-V3",
+        {"tp_size": 8},
+        fraction=0.886,
+        cell=(512 + 64) * 61 * 2,
+        weights_per_rank=(W["DeepSeek-V3"] - DSV3_MTP) // 8,
+        why="reserve 512 + 8192×1.5 + 1024 + 512×2 + 1536 (MLA prefill graphs) = 16384 MiB",
+        source="memory_hook.py:309-313,368,389; pool_configurator.py:359-396",
+    ),
+    Case(
+        "DeepSeek-V3 TP8 attention DP 8",
+        "DeepSeek-V3",
+        {"tp_size": 8, "attn_dp_size": 8},
+        fraction=0.758,
+        cell=(512 + 64) * 61 * 2,
+        weights_per_rank=(W["DeepSeek-V3"] - DSV3_MTP - DSV3_ATTENTION) // 8 + DSV3_ATTENTION,
+        why="16384 MiB + 512×8×3 + 512×8×1.5 (DP attention, batch > 300) = 34816 MiB; chunk "
+        "8192 → 1024 per worker, conservativeness × 0.3",
+        source="memory_hook.py:370-378; parallel_hook.py:314-332",
+        extra={"chunked_prefill_size": 1024, "schedule_conservativeness": 0.3},
+    ),
+    Case(
+        "DeepSeek-V3 TP8 --enable-dp-attention --dp-size 8",
+        "DeepSeek-V3",
+        {"tp_size": 8, "dp_size": 8, "enable_dp_attention": True},
+        fraction=0.758,
+        cell=(512 + 64) * 61 * 2,
+        weights_per_rank=(W["DeepSeek-V3"] - DSV3_MTP - DSV3_ATTENTION) // 8 + DSV3_ATTENTION,
+        why="the deprecated spelling resolves to attn_dp_size 8, dp_size 1",
+        source="parallel_hook.py:39-61",
+        extra={"ranks": 8},
+    ),
+    Case(
+        "DeepSeek-V3 TP8 attention DP 8 + DeepEP + EAGLE",
+        "DeepSeek-V3",
+        {
+            "tp_size": 8,
+            "attn_dp_size": 8,
+            "moe_a2a_backend": "deepep",
+            "speculative_algorithm": "EAGLE",
+        },
+        fraction=0.736,
+        cell=(512 + 64) * 61 * 2 + (512 + 64) * 2,
+        weights_per_rank=(W["DeepSeek-V3"] - DSV3_ATTENTION) // 8 + DSV3_ATTENTION,
+        why="34816 + 1024 (DeepEP, breakable prefill graphs) + 2048 (DeepEP all-to-all, after "
+        "the floor) = 37888 MiB; the MTP draft layer widens the cell by 1/61; "
+        "max_running_requests 48 (6 per worker)",
+        source="memory_hook.py:316-317,391-397,402-414; pool_configurator.py:258-317; "
+        "speculative_hook.py:442",
+        extra={"max_running_requests": 48},
+    ),
+    Case(
+        "DeepSeek-V3 TP8 PP2",
+        "DeepSeek-V3",
+        {"tp_size": 8, "pp_size": 2},
+        fraction=0.890,
+        cell=(512 + 64) * 31 * 2,
+        weights_per_rank=(W["DeepSeek-V3"] - DSV3_MTP) // 16,
+        why="512 + 12288 + 8×2/8×1024 + 1024, no prefill graphs with PP = 15872 MiB; "
+        "31 of 61 layers on the fuller stage",
+        source="memory_hook.py:309-313; cuda_graph_hook.py:150-161",
+    ),
+    Case(
+        "gpt-oss-120b TP8",
+        "gpt-oss-120b",
+        {"tp_size": 8},
+        fraction=0.893,
+        cell=1 * (64 + 64) * 2 * 18 + 0.8 * 1 * (64 + 64) * 2 * 18,
+        weights_per_rank=W["gpt-oss-120b"] // 8,
+        why="full 256 B × 18 layers + 0.8 × SWA 256 B × 18 layers = 8294.4 B/token; reserve "
+        "512 + 12288 + 1024 + 1024 + 58×8 = 15312 MiB",
+        source="pool_configurator.py:703-716,786-803; memory_hook.py:386",
+    ),
+    Case(
+        "Qwen3-Next-80B-A3B TP8",
+        "Qwen3-Next-80B-A3B",
+        {"tp_size": 8},
+        fraction=0.893,
+        cell=1 * (256 + 256) * 2 * 12,
+        weights_per_rank=W["Qwen3-Next-80B-A3B"] // 8,
+        mamba_state=(1024 * 3 * 2 + 4 * 128 * 128 * 4) * 36,
+        why="only the 12 full-attention layers hold KV: 12288 B/token; 36 GDN layers' state "
+        "(conv 1024×3 bf16 + SSM 4×128×128 fp32) = 9,658,368 B per request slot",
+        source="pool_configurator.py:228-236; configs/qwen3_next.py:260-310; "
+        "configs/mamba_utils.py:116-125,196-240; kv_cache_configurator.py:3368-3408",
+    ),
+    Case(
+        "Llama-3.1-8B FP8 (ModelOpt) TP1",
+        "Llama-3.1-8B-FP8",
+        {"tp_size": 1},
+        fraction=0.903,
+        cell=8 * (128 + 128) * 1 * 32,
+        weights_per_rank=W["Llama-3.1-8B-FP8"],
+        why="kv_cache_quant_algo FP8: auto stores fp8 (1 B): 65,536 B/token, not 131,072",
+        source="mem_cache/kv_cache_dtype.py:49-57; pool_configurator.py:491-497",
+        extra={"kv_cache_dtype": "fp8_e4m3"},
+    ),
+]
+
+
+def planner_model(name: str) -> Any:
+    """The case's model as the planner builds it (weights and MTP bytes given)."""
+    from supervisor import planner
+
+    mtp = DSV3_MTP if name == "DeepSeek-V3" else 0
+    return planner.model_from_config(
+        MODELS[name],
+        name=name,
+        source="tests/planner_cases.py",
+        weight_bytes=WEIGHTS[name],
+        weight_source="the checkpoint's index",
+        mtp_weight_bytes=mtp,
+    )

@@ -1,0 +1,175 @@
+"""The planner matches SGLang 0.5.23 for the models operators run on 8×H200.
+
+Expected figures: tests/planner_cases.py (SGLang's own resolution pipeline for the
+fractions, SGLang's pool formulas for cells and tokens, each with its file:line).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor import planner, preflight
+from supervisor.gpu import GpuInfo
+from supervisor.levers import LeverSet
+from tests.planner_cases import CASES, H200, MODELS, Case, planner_model
+
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_cell_fraction_and_tokens_match_sglang(case: Case) -> None:
+    model = planner_model(case.model)
+    cap = planner.capacity(model, case.levers, H200, 4096)
+    assert cap.mem_fraction_static == case.fraction  # SGLang's default, exactly
+    assert cap.cell_bytes_exact == pytest.approx(case.cell, rel=1e-9)
+    assert cap.cell_bytes == int(case.cell)
+    assert cap.kv_tokens_per_rank == pytest.approx(case.kv_tokens(), rel=0.01)
+    for key, value in case.extra.items():
+        assert getattr(cap, key) == value, key
+
+
+def test_hybrid_pools_are_reported_separately() -> None:
+    """gpt-oss: the SWA pool is 0.8 × the full one (pool_configurator.py:881-883);
+    Qwen3-Next: the Mamba slots cap running requests at slots / 3
+    (kv_cache_configurator.py:3136-3152)."""
+    gpt = planner.capacity(planner_model("gpt-oss-120b"), {"tp_size": 8}, H200, 4096)
+    assert gpt.swa_tokens_per_rank == int(gpt.kv_tokens_per_rank * 0.8)
+    assert (gpt.full_cell_bytes, gpt.swa_cell_bytes) == (256 * 18, 256 * 18)
+    qwen = planner.capacity(planner_model("Qwen3-Next-80B-A3B"), {"tp_size": 8}, H200, 4096)
+    assert qwen.mamba_state_bytes == 9_658_368
+    assert qwen.mamba_request_cap == qwen.mamba_slots_per_rank // 3
+    assert qwen.max_running_requests == qwen.mamba_request_cap
+    assert qwen.concurrent_requests <= qwen.mamba_request_cap
+
+
+def test_the_mtp_layer_counts_only_with_speculative_decoding() -> None:
+    model = planner_model("DeepSeek-V3")
+    plain = planner.loaded_weight_bytes_per_rank(model, {"tp_size": 8})
+    spec = planner.loaded_weight_bytes_per_rank(
+        model, {"tp_size": 8, "speculative_algorithm": "EAGLE"}
+    )
+    assert spec - plain == model.mtp_weight_bytes // 8
+
+
+def _dsv3_plan(levers: dict[str, Any], ram_gib: int = 2000) -> planner.Plan:
+    hw = planner.Hardware(gpus=8, gpu_memory_bytes=H200, host_ram_available_bytes=ram_gib * GiB)
+    return planner.propose(planner_model("DeepSeek-V3"), hw, levers, avg_tokens=4096)
+
+
+def _sglang_rule_attn_dp8(levers: dict[str, Any]) -> float:
+    """SGLang's default fraction for DeepSeek-V3 TP8 attention DP 8 with these levers,
+    by memory_hook.py:309-315,368-378,389."""
+    bs = levers["cuda_graph_max_bs_decode"]
+    chunk = levers.get("chunked_prefill_size", 8192)
+    reserved = 512 + max(chunk, 2048) * 1.5 + 1024 + bs * 2 + bs * 8 * 3 + 1536
+    if bs > 300:
+        reserved += bs * 8 * 1.5
+    reserved = max(reserved, 10 * 1024)
+    return (143771 - reserved) / 143771
+
+
+def test_attention_dp_is_proposed_for_mla_within_sglangs_rule() -> None:
+    plan = _dsv3_plan({"tp_size": 8})
+    proposed = plan.proposed_levers
+    assert proposed["attn_dp_size"] == 8
+    assert proposed["mem_fraction_static"] <= _sglang_rule_attn_dp8(proposed)
+    assert plan.proposed.kv_pools == 8
+    assert plan.proposed.concurrent_requests > 4 * plan.current.concurrent_requests
+    assert any(n.startswith("Attention DP 8:") and "replicated" in n for n in plan.notes)
+
+
+def test_deprecated_attention_dp_spelling_is_planned_not_refused() -> None:
+    plan = _dsv3_plan({"tp_size": 8, "dp_size": 8, "enable_dp_attention": True})
+    assert plan.current.ranks == 8 and plan.current.attn_dp_size == 8
+    assert "attn_dp_size" not in plan.levers
+
+
+@pytest.mark.parametrize("refusing", ["disable_radix_cache", "enable_lmcache"])
+def test_never_proposes_the_hierarchical_cache_sglang_refuses(refusing: str) -> None:
+    plan = _dsv3_plan({"tp_size": 8, refusing: True})
+    assert "enable_hierarchical_cache" not in plan.levers
+    assert not plan.proposed.hierarchical_cache
+
+
+def test_validator_refusal_keeps_a_candidate_out() -> None:
+    def refuse_attn_dp(levers: Any) -> str | None:
+        return "attention DP refused here" if levers.get("attn_dp_size") else None
+
+    hw = planner.Hardware(gpus=8, gpu_memory_bytes=H200, host_ram_available_bytes=2000 * GiB)
+    plan = planner.propose(
+        planner_model("DeepSeek-V3"),
+        hw,
+        {"tp_size": 8},
+        avg_tokens=4096,
+        validate=refuse_attn_dp,
+    )
+    assert "attn_dp_size" not in plan.levers
+    assert any("attention DP refused here" in n for n in plan.notes)
+
+
+def test_fp8_kv_checkpoint_gets_no_fp8_lever() -> None:
+    hw = planner.Hardware(gpus=1, gpu_memory_bytes=H200, host_ram_available_bytes=64 * GiB)
+    plan = planner.propose(planner_model("Llama-3.1-8B-FP8"), hw, {}, avg_tokens=4096)
+    assert "kv_cache_dtype" not in plan.levers
+    assert plan.current.kv_cache_dtype == "fp8_e4m3"
+    assert any("already stores fp8" in n for n in plan.notes)
+
+
+def test_fraction_above_sglangs_rule_is_flagged_with_the_number() -> None:
+    """The seed's 0.93 with chunk 8192 on Llama-3.1-70B TP8: SGLang's rule is 0.893
+    (512 + 12288 + 1024 + 1024 + 464 = 15312 MiB reserved), 0.037 below."""
+    config = dict(MODELS["Llama-3.1-8B-FP8"])
+    config.update(num_hidden_layers=80, hidden_size=8192, num_attention_heads=64)
+    config.pop("quantization_config")
+    model = planner.model_from_config(config, name="70b", source="t", weight_bytes=141 * 10**9)
+    hw = planner.Hardware(gpus=8, gpu_memory_bytes=H200, host_ram_available_bytes=64 * GiB)
+    levers = {"tp_size": 8, "mem_fraction_static": 0.93, "chunked_prefill_size": 8192}
+    plan = planner.propose(model, hw, levers, avg_tokens=4096)
+    (note,) = [n for n in plan.notes if n.startswith("mem_fraction_static 0.93")]
+    assert "0.037 above SGLang's own rule for these levers (0.893)" in note
+    assert "≈5.2 GiB" in note
+
+
+def _preflight(levers: dict[str, Any], ram_gib: float) -> list[str]:
+    gpus = [GpuInfo(i, f"GPU-{i}", "NVIDIA H200", H200) for i in range(8)]
+    problems = preflight.check(
+        LeverSet({"model_path": "m", **levers}),
+        managed=gpus,
+        samples=None,
+        member_pids=set(),
+        pids_are_local=False,
+        host=preflight.HostFacts(int(ram_gib * GiB), "simulated"),
+        freed_on_stop_bytes=0,
+        server_host="127.0.0.1",
+        server_port=1,
+        port_is_ours=True,
+    )
+    return [f"{p.lever}: {p.message}" for p in problems]
+
+
+def test_auto_sized_host_cache_passes_preflight_where_sglang_starts_it() -> None:
+    """Neither hicache_size nor hicache_ratio: SGLang sizes the host pool to 0.8 of the
+    available RAM after its 10 GiB reserve (hicache_hook.py:100-125,
+    hicache_auto_size.py:82-125) instead of ratio 2.0 × the device pool."""
+    levers = {"tp_size": 8, "enable_hierarchical_cache": True}
+    assert _preflight(levers, 1000) == []
+    (msg,) = _preflight(levers, 8)
+    assert msg.startswith("enable_hierarchical_cache: the hierarchical cache is auto-sized")
+    # An explicit ratio is still checked as SGLang checks it.
+    assert _preflight({**levers, "hicache_ratio": 2.0}, 1000)[0].startswith("hicache_ratio:")
+
+
+def test_docs_table_is_generated_from_these_cases() -> None:
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        [sys.executable, str(root / "scripts" / "planner-table.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
