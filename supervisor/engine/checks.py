@@ -94,12 +94,10 @@ async def preflight(sup: Supervisor, levers: LeverSet) -> list[LeverProblem]:
                 "install SGLang there or fix server.python",
             )
         ]
-    samples: list[GpuSample] | None
     try:
-        samples = await asyncio.to_thread(sup.probe.sample, sup.gpu_indices())
+        samples, members = await asyncio.to_thread(sample_with_members, sup)
     except GpuQueryError as exc:
         return [LeverProblem("gpus", f"cannot query the managed GPUs: {exc}")]
-    members = await asyncio.to_thread(members_now, sup)
     running = sup.state not in IDLE_STATES
     freed = 0
     if running and sup.server is not None:
@@ -120,14 +118,22 @@ async def preflight(sup: Supervisor, levers: LeverSet) -> list[LeverProblem]:
     )
 
 
+def sample_with_members(sup: Supervisor) -> tuple[list[GpuSample], set[int]]:
+    """The managed GPUs and our member pids, scanned before *and* after the sample: a
+    process of ours that exits or starts meanwhile (an operation is running) is never
+    mistaken for a foreign one. Blocking; raises ``GpuQueryError``."""
+    before = members_now(sup)
+    samples = sup.probe.sample(sup.gpu_indices())
+    return samples, before | members_now(sup)
+
+
 async def foreign_processes(sup: Supervisor) -> str | None:
     """A description of processes that are not ours on the managed GPUs, or None.
 
     Raises ``GpuQueryError``: a failed query never reads as "no foreign process"."""
     if not sup.probe.pids_are_local():
         return None
-    samples = await asyncio.to_thread(sup.probe.sample, sup.gpu_indices())
-    members = await asyncio.to_thread(members_now, sup)
+    samples, members = await asyncio.to_thread(sample_with_members, sup)
     found = [
         f"pid {p.pid} holds "
         + ("an unknown amount" if p.used_bytes is None else fmt_gib(p.used_bytes))

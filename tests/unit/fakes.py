@@ -300,6 +300,15 @@ class FakeProcessOps:
         self._plan: deque[Behaviour] = deque()
         #: Raised by the next spawn (the program cannot be executed).
         self.spawn_error: OSError | None = None
+        #: While set, spawn and teardown wait until the test sets the event (a slow
+        #: exec, a slow SIGTERM grace): the step is in progress in its worker thread.
+        self.spawn_gate: threading.Event | None = None
+        self.teardown_gate: threading.Event | None = None
+        #: Teardowns running now, and the most that ever ran at once.
+        self.teardowns_running = 0
+        self.max_concurrent_teardowns = 0
+        #: Spawns that have entered ``spawn`` (whether or not they have returned).
+        self.spawns_begun = 0
 
     def plan(self, *behaviours: Behaviour) -> None:
         """The next launches behave like this, in order; later ones like ``default``."""
@@ -355,6 +364,11 @@ class FakeProcessOps:
     def spawn(
         self, argv: Sequence[str], env: Mapping[str, str], *, tag: str, log_path: Path
     ) -> FakeHandle:
+        with self.lock:
+            self.spawns_begun += 1
+        gate = self.spawn_gate
+        if gate is not None and not gate.wait(10):
+            raise AssertionError("the test never opened spawn_gate")
         with self.lock:
             if self.spawn_error is not None:
                 err, self.spawn_error = self.spawn_error, None
@@ -450,6 +464,28 @@ class FakeProcessOps:
         grace_s: float,
         kill_timeout_s: float,
         exclude_tag: str | None = None,
+    ) -> TeardownReport:
+        with self.lock:
+            self.teardowns_running += 1
+            self.max_concurrent_teardowns = max(
+                self.max_concurrent_teardowns, self.teardowns_running
+            )
+        try:
+            gate = self.teardown_gate
+            if gate is not None and not gate.wait(10):
+                raise AssertionError("the test never opened teardown_gate")
+            return self._teardown(handle, tag, tag_prefix, grace_s, exclude_tag)
+        finally:
+            with self.lock:
+                self.teardowns_running -= 1
+
+    def _teardown(
+        self,
+        handle: Any,
+        tag: str | None,
+        tag_prefix: str | None,
+        grace_s: float,
+        exclude_tag: str | None,
     ) -> TeardownReport:
         report = TeardownReport()
         with self.lock:
