@@ -20,10 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.routes import SupervisorDep
 from supervisor import planner, preflight
+from supervisor.backend import Backend
 from supervisor.engine import SupervisorView
 from supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
-from supervisor.sim import capacity
-from supervisor.sim.load import LOAD_ENV, parse_load
 from supervisor.states import ServerState
 from supervisor.units import GiB
 
@@ -71,10 +70,11 @@ def hf_cached_model_dir(repo_id: str) -> Path | None:
 
 
 def resolve_model(
-    body: PlanRequest, *, model_path: str, simulated: bool, env: dict[str, str]
+    body: PlanRequest, *, model_path: str, backend: Backend, env: dict[str, str]
 ) -> ModelSpec:
     """The model to plan for (blocking: reads the model directory). ``model_path`` and
-    ``env`` are the current levers' (``env`` merged onto the daemon's and the backend's).
+    ``env`` are the current levers' (``env`` merged onto the daemon's and the backend's);
+    a backend that serves its own model (the simulated one) resolves it.
     ``PlanError`` says why none could be found."""
     if body.model is not None and body.config_json is not None:
         raise PlanError("give either model (a directory) or config_json, not both")
@@ -88,9 +88,9 @@ def resolve_model(
         )
     if body.model is not None:
         return planner.load_model_dir(Path(body.model).expanduser())
-    if simulated:
-        # What the simulated server itself resolves, from the environment it is given.
-        return capacity.resolve_model(model_path, env)
+    if backend.plan_model is not None:
+        # What the backend's server itself resolves, from the environment it is given.
+        return backend.plan_model(model_path, env)
     local = Path(model_path).expanduser()
     if model_path and (local / "config.json").is_file():
         return planner.load_model_dir(local)
@@ -153,24 +153,22 @@ def _live(view: SupervisorView) -> LiveLoad | None:
     )
 
 
-def _avg_tokens(body: PlanRequest, view: SupervisorView, live: LiveLoad | None) -> tuple[int, str]:
+def _avg_tokens(
+    body: PlanRequest, view: SupervisorView, backend: Backend, live: LiveLoad | None
+) -> tuple[int, str]:
     if body.avg_tokens is not None:
         return body.avg_tokens, "given"
     measured = live.avg_tokens() if live is not None else None
     if measured is not None:
         return measured, "live: token usage × max_total_num_tokens / running requests"
-    text = view.levers.env.get(LOAD_ENV) or view.backend_env.get(LOAD_ENV)
-    if text:
-        try:
-            load = parse_load(text)
-        except ValueError:
-            load = None
-        if load is not None:
-            return load.avg_tokens, f"the simulated load ({LOAD_ENV})"
+    if backend.plan_avg_tokens is not None:
+        implied = backend.plan_avg_tokens({**view.backend_env, **view.levers.env})
+        if implied is not None:
+            return implied
     return planner.DEFAULT_AVG_TOKENS, "assumed (no live load; pass avg_tokens)"
 
 
-async def make_plan(body: PlanRequest, view: SupervisorView) -> dict[str, Any]:
+async def make_plan(body: PlanRequest, view: SupervisorView, backend: Backend) -> dict[str, Any]:
     """The proposal as JSON. ``PlanError`` when it cannot be made.
 
     The daemon's state is read on the event loop; reading the model directory runs in a
@@ -180,12 +178,12 @@ async def make_plan(body: PlanRequest, view: SupervisorView) -> dict[str, Any]:
         resolve_model,
         body,
         model_path=str(view.levers.levers.get("model_path") or ""),
-        simulated=view.backend == "simulated",
+        backend=backend,
         env={**os.environ, **view.backend_env, **view.levers.env},
     )
     hardware = _hardware(body, view)
     live = _live(view)
-    avg, avg_source = _avg_tokens(body, view, live)
+    avg, avg_source = _avg_tokens(body, view, backend, live)
     plan: Plan = planner.propose(
         model,
         hardware,
@@ -219,7 +217,7 @@ async def post_plan(sup: SupervisorDep, body: PlanRequest | None = None) -> dict
     422 when the model cannot be found or read, or the inputs cannot be planned for.
     """
     try:
-        return await make_plan(body or PlanRequest(), sup.view())
+        return await make_plan(body or PlanRequest(), sup.view(), sup.backend)
     except PlanError as exc:
         raise _refused(str(exc)) from exc
     except (ArithmeticError, ValueError) as exc:  # a config.json with impossible values

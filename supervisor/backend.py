@@ -7,13 +7,16 @@ are started here (real SGLang or the simulated server) and which GPU probe watch
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from supervisor.gpu import GpuProbe
 from supervisor.process import TeardownReport
+
+if TYPE_CHECKING:
+    from supervisor.planner import ModelSpec
 
 
 class ServerHandle(Protocol):
@@ -74,3 +77,9 @@ class Backend:
     env: dict[str, str] = field(default_factory=dict)
     #: The simulated host's RAM; None reads the real host's.
     simulated_host_ram_bytes: int | None = None
+    #: The model this backend's server serves for a ``model_path`` and environment, for
+    #: the planner (the simulated server's own resolution); None: read the model directory.
+    plan_model: Callable[[str, Mapping[str, str]], ModelSpec] | None = None
+    #: The average request length this backend's load implies (the simulated load), with
+    #: where it came from; None when it implies none.
+    plan_avg_tokens: Callable[[Mapping[str, str]], tuple[int, str] | None] | None = None

@@ -69,6 +69,7 @@ class OsProcessOps:
 def build_backend(settings: Settings) -> Backend:
     """The simulated backend under ``--simulate``, else SGLang on NVML-probed GPUs."""
     if settings.simulate:
+        from supervisor.sim.capacity import resolve_avg_tokens, resolve_model
         from supervisor.sim.gpus import SimGpuProbe, prepare_registry
 
         sim = settings.sim
@@ -78,6 +79,7 @@ def build_backend(settings: Settings) -> Backend:
             "SGLANG_SIM_GPU_DIR": str(registry),
             "SGLANG_SIM_GPU_MEMORY_MIB": str(sim.gpu_memory_mib),
             "SGLANG_SIM_OOM_FRACTION": str(sim.oom_fraction),
+            "SGLANG_SIM_HOST_RAM_GIB": str(sim.host_ram_gib),
         }
         if sim.startup_s is not None:
             env["SGLANG_SIM_STARTUP_S"] = str(sim.startup_s)
@@ -93,6 +95,8 @@ def build_backend(settings: Settings) -> Backend:
             probe=probe,
             env=env,
             simulated_host_ram_bytes=sim.host_ram_gib * GiB,
+            plan_model=resolve_model,
+            plan_avg_tokens=resolve_avg_tokens,
         )
     from supervisor.nvml import NvmlProbe
 

@@ -1,4 +1,7 @@
-"""KV-cache capacity of the simulated server, through the planner's math.
+"""KV-cache capacity of the simulated server, through the planner's math, resolved as
+SGLang 0.5.23 resolves its arguments (``/server_info``'s values, the default
+``max_running_requests``, the CUDA-graph capture that fails when the fraction leaves too
+little, the "HiCache auto-sizing" line).
 
 The simulated server "serves" one model and sizes its KV pool with
 ``supervisor.planner`` — the same functions ``POST /plan`` uses — so a plan's predicted
@@ -14,12 +17,24 @@ The simulated server "serves" one model and sizes its KV pool with
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from supervisor import planner
+from supervisor.layout import Layout
 from supervisor.planner import ModelSpec, PlanError
+from supervisor.planner.hicache import HICACHE_HOST_MEMORY_FRACTION, auto_sized
+from supervisor.sim.load import LOAD_ENV, parse_load
+from supervisor.units import GiB, MiB
+
+#: The simulated host's available RAM (GiB) for the hierarchical cache's auto-sizing.
+HOST_RAM_ENV = "SGLANG_SIM_HOST_RAM_GIB"
+#: What the CUDA context, NCCL and the allocator take outside the static pool (MiB) before
+#: any graph is captured: the slack SGLang's reserve is there to cover.
+CUDA_CONTEXT_MIB = 1536
 
 MODEL_CONFIG_ENV = "SGLANG_SIM_MODEL_CONFIG"
 
@@ -91,3 +106,131 @@ def kv_tokens(
 ) -> int:
     """``(mem_fraction × total − weights) // cell``, floored at 0 (``planner.kv_tokens``)."""
     return planner.kv_tokens(total_bytes, mem_fraction, weight_bytes_per_rank, cell_bytes)
+
+
+def resolve_avg_tokens(env: Mapping[str, str]) -> tuple[int, str] | None:
+    """The average request length of the simulated load in ``env`` (None: no load)."""
+    text = env.get(LOAD_ENV)
+    if not text:
+        return None
+    try:
+        load = parse_load(text)
+    except ValueError:
+        return None
+    if load is None:
+        return None
+    return load.avg_tokens, f"the simulated load ({LOAD_ENV})"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What the simulated server resolves at start, as SGLang would (one rank's view)."""
+
+    capacity: planner.Capacity
+    mem_fraction_static: float
+    #: Bytes per token (float for sliding-window hybrids).
+    cell_bytes: float
+    weight_bytes_per_rank: int
+    max_total_num_tokens: int
+    #: SGLang's max_running_requests over the server, and per DP worker.
+    max_running_requests: int
+    max_running_requests_per_worker: int
+    host_pool_tokens: int
+    #: The hicache_ratio in effect (auto-sized when neither size nor ratio was given).
+    hicache_ratio: float | None
+    #: SGLang's log line when it auto-sizes the host pool.
+    hicache_log: str | None
+    decode_graph_max_bs: int | None
+    #: MiB the CUDA-graph capture needs outside the static pool.
+    capture_need_mib: float
+
+    def server_info(self) -> dict[str, Any]:
+        """The resolved values ``/server_info`` reports (SGLang's ``resolved_dict``)."""
+        c = self.capacity
+        return {
+            "mem_fraction_static": self.mem_fraction_static,
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "max_running_requests": self.max_running_requests,
+            "chunked_prefill_size": c.chunked_prefill_size,
+            "schedule_conservativeness": c.schedule_conservativeness,
+            "attn_dp_size": c.attn_dp_size,
+            "enable_dp_attention": c.attn_dp_size > 1,
+            "dp_size": c.replicas,
+            "kv_cache_dtype": c.kv_cache_dtype,
+            "cuda_graph_max_bs_decode": self.decode_graph_max_bs,
+            "hicache_ratio": self.hicache_ratio,
+        }
+
+
+def host_ram_bytes(env: Mapping[str, str]) -> int:
+    """The simulated host's available RAM: ``SGLANG_SIM_HOST_RAM_GIB``, else this host's."""
+    text = env.get(HOST_RAM_ENV, "").strip()
+    if text:
+        try:
+            return int(float(text) * GiB)
+        except ValueError:
+            pass
+    return planner.hicache.available_host_ram_bytes()[0]
+
+
+def resolve(
+    model: ModelSpec, args: Mapping[str, Any], gpu_bytes: int, env: Mapping[str, str] | None = None
+) -> Resolved:
+    """The simulated server's resolved values for its parsed flags ``args``."""
+    env = os.environ if env is None else env
+    host = host_ram_bytes(env) if auto_sized(args) else None
+    cap = planner.capacity(model, args, gpu_bytes, 4096, host)
+    reserve = planner.sglang_reserve(gpu_bytes, args, model.shape.is_mla)
+    parts = reserve.parts_mib
+    capture = CUDA_CONTEXT_MIB + sum(
+        parts.get(k, 0.0)
+        for k in ("decode_graphs", "dp_attention", "prefill_graphs", "deepep_prefill", "deepep_a2a")
+    )
+    ratio = planner.lever_float(args, "hicache_ratio")
+    log_line = None
+    if cap.hierarchical_cache and auto_sized(args) and host is not None:
+        ratio = cap.host_pool_tokens_per_rank / max(1, cap.kv_tokens_per_rank)
+        ranks = Layout.of(args).ranks
+        budget = (host - planner.SGLANG_HOST_RAM_MARGIN) // max(1, ranks)
+        budget = int(budget * HICACHE_HOST_MEMORY_FRACTION)
+        log_line = (
+            f"HiCache auto-sizing: ratio {planner.DEFAULT_HICACHE_RATIO:.3f} -> {ratio:.3f}; "
+            f"{budget / GiB:.1f} GiB host memory per rank (fraction "
+            f"{HICACHE_HOST_MEMORY_FRACTION:.2f}, {ranks} ranks on this host), host pools "
+            f"{cap.host_pool_tokens_per_rank * cap.cell_bytes_exact / GiB:.1f} GiB."
+        )
+    elif cap.hierarchical_cache and ratio is None and not planner.lever_int(args, "hicache_size"):
+        ratio = planner.DEFAULT_HICACHE_RATIO
+    return Resolved(
+        capacity=cap,
+        mem_fraction_static=cap.mem_fraction_static,
+        cell_bytes=cap.cell_bytes_exact,
+        weight_bytes_per_rank=cap.weight_bytes_per_rank,
+        max_total_num_tokens=cap.kv_tokens_per_rank,
+        max_running_requests=cap.max_running_requests,
+        max_running_requests_per_worker=cap.max_running_requests_per_worker,
+        host_pool_tokens=cap.host_pool_tokens_per_rank,
+        hicache_ratio=None if ratio is None else round(ratio, 3),
+        hicache_log=log_line,
+        decode_graph_max_bs=cap.cuda_graph_max_bs_decode,
+        capture_need_mib=capture,
+    )
+
+
+def capture_failure(resolved: Resolved, gpu_bytes: int) -> list[str] | None:
+    """SGLang's CUDA-graph capture OOM when the static pool leaves less than the graphs,
+    the CUDA context and NCCL need; None when the capture fits."""
+    free_mib = (1 - resolved.mem_fraction_static) * gpu_bytes / MiB
+    if free_mib >= resolved.capture_need_mib:
+        return None
+    total_gib = gpu_bytes / GiB
+    return [
+        "Capture cuda graph begin. This can take up to several minutes.",
+        "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate "
+        f"{(resolved.capture_need_mib - free_mib) / 1024:.2f} GiB. GPU 0 has a total capacity "
+        f"of {total_gib:.2f} GiB of which {free_mib / 1024:.2f} GiB is free.",
+        f"Possible solutions: 1. set --mem-fraction-static to a smaller value (e.g., "
+        f"{resolved.capacity.sglang_default_fraction}, SGLang's default for these flags); "
+        "2. set --cuda-graph-max-bs-decode to a smaller value; 3. disable CUDA graphs by "
+        "--disable-cuda-graph.",
+    ]

@@ -28,7 +28,6 @@ import time
 from types import FrameType
 from typing import Any
 
-from supervisor import planner
 from supervisor.planner import ModelSpec
 from supervisor.schema import BUNDLED_VERSION
 from supervisor.sim import capacity, metrics
@@ -75,24 +74,20 @@ class Launcher:
         self._ready_at: float | None = None
         self._last_decode_log = 0.0
 
-        # The planner's math, on the parsed flags: plan and simulation agree exactly.
-        total, shape = env.memory_bytes, self.model.shape
-        self.mem_fraction = planner.effective_fraction(total, cfg.args, shape.is_mla)
-        self.cell_bytes = capacity.cell_bytes(
-            self.model, cfg.tp_size, cfg.kv_cache_dtype, cfg.pp_size
-        )
-        self.weight_bytes = capacity.weight_bytes_per_rank(self.model, cfg.tp_size, cfg.pp_size)
+        # The planner's math, on the parsed flags, resolved as SGLang resolves them
+        # (supervisor/sim/capacity.py): plan and simulation agree exactly.
+        total = env.memory_bytes
+        self.resolved = capacity.resolve(self.model, cfg.args, total)
+        self.mem_fraction = self.resolved.mem_fraction_static
+        self.cell_bytes = self.resolved.cell_bytes
+        self.weight_bytes = self.resolved.weight_bytes_per_rank
         self.rank_bytes = int(self.mem_fraction * total)
-        tokens = planner.pool_tokens(self.model, cfg.args, total)
+        tokens = self.resolved.max_total_num_tokens
         self.max_total_num_tokens = tokens
-        self.host_pool_tokens = 0
-        if cfg.enable_hierarchical_cache:
-            self.host_pool_tokens = planner.host_pool_tokens(
-                cfg.hicache_size_gb, cfg.hicache_ratio, tokens, self.cell_bytes
-            )
-        # SGLang derives the default from the pool size; any monotone rule will do here.
-        max_running = cfg.max_running_requests or min(1024, max(1, tokens // 512))
-        graph_bs = planner.decode_max_bs(total, cfg.args) if cfg.cuda_graph else None
+        self.host_pool_tokens = self.resolved.host_pool_tokens
+        # SGLang's rule (per DP worker, over the workers), the lever's value when given.
+        max_running = max(1, self.resolved.max_running_requests)
+        graph_bs = self.resolved.decode_graph_max_bs if cfg.cuda_graph else None
         self.engine = Engine(
             tokens,
             max_running,
@@ -138,6 +133,7 @@ class Launcher:
 
     def server_info(self) -> dict[str, Any]:
         info = dict(self.cfg.args)
+        info.update(self.resolved.server_info())
         info.update(
             mem_fraction_static=self.mem_fraction,
             max_total_num_tokens=self.max_total_num_tokens,
@@ -232,6 +228,8 @@ class Launcher:
                 f"{self.host_pool_tokens * self.cell_bytes / 1e9:.2f} GB host memory.",
                 "TP0",
             )
+            if self.resolved.hicache_log:
+                log(self.resolved.hicache_log, "TP0")
         log(
             f"max_total_num_tokens={self.max_total_num_tokens}, "
             f"max_running_requests={self.engine.max_running}, "
@@ -278,6 +276,10 @@ class Launcher:
             )
         if self.faults.crash_on_start:
             raise ServerFailure(crash_report(), "TP0")
+        if self.cfg.cuda_graph:
+            capture = capacity.capture_failure(self.resolved, self.env.memory_bytes)
+            if capture is not None:
+                raise ServerFailure(capture, "TP0")
         if self.max_total_num_tokens <= 0:
             weights_gib = self.weight_bytes / 2**30
             raise ServerFailure(

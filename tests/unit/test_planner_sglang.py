@@ -6,6 +6,7 @@ fractions, SGLang's pool formulas for cells and tokens, each with its file:line)
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -173,3 +174,18 @@ def test_docs_table_is_generated_from_these_cases() -> None:
         timeout=60,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_api_plan_reaches_the_simulator_only_through_the_backend() -> None:
+    """Model resolution belongs to the backend: api/plan.py imports no supervisor.sim."""
+    root = Path(__file__).resolve().parents[2]
+    tree = ast.parse((root / "api" / "plan.py").read_text())
+    imported = {
+        node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+    } | {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    assert not [m for m in imported if m.startswith("supervisor.sim")]
