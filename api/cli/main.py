@@ -22,6 +22,7 @@ from api.cli.inspect_commands import cmd_events, cmd_levers, cmd_logs, cmd_schem
 from api.cli.operation_commands import cmd_apply, cmd_control
 from api.cli.options import add_client_options, add_follow_options
 from api.cli.plan import add_plan_parser, run_plan
+from api.cli.rollout import add_rollout_parser, run_rollout
 from api.cli.runner import ClientCommand, run_client_command
 from api.cli.serve import add_serve_parser, run_serve
 
@@ -120,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replay", action="store_true", help="start with the recent history")
 
     add_plan_parser(sub)
+    add_rollout_parser(sub)
     add_cleanup_parser(sub)
     return parser
 
@@ -134,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "plan":
             return run_plan(args)
+        if args.command == "rollout":
+            return run_rollout(args)
         return run_client_command(args, args.func)
     except BrokenPipeError:
         # stdout closed early (`| head`): stop quietly, and keep Python from complaining

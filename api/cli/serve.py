@@ -32,6 +32,7 @@ def add_serve_parser(sub: Any) -> None:
     p.add_argument("--port", type=int, help="control API port (default 8470)")
     p.add_argument("--state-dir", type=Path, help="where levers, history and logs are kept")
     p.add_argument("--server-port", type=int, help="the SGLang server's port (default 30000)")
+    p.add_argument("--router-url", help="an sglang-router in front of this server ([router] url)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -44,6 +45,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "api.port": args.port,
         "state_dir": str(args.state_dir) if args.state_dir else None,
         "server.port": args.server_port,
+        "router.url": args.router_url,
     }
     if args.simulate:
         overrides["simulate"] = True

@@ -46,7 +46,10 @@ def test_add_lists_healthy_then_remove(router: Router, sims: Sims) -> None:
         finally:
             await link.aclose()
 
-    joined, again, left = asyncio.run(scenario())
+    try:
+        joined, again, left = asyncio.run(scenario())
+    except RouterError as exc:
+        raise AssertionError(f"{exc}\nrouter log:\n{router.tail()}") from exc
     assert f"lists {worker} healthy" in joined and f"lists {worker} healthy" in again
     assert left == f"removed {worker} from the router {router.url}"
     assert router.workers() == []
