@@ -24,6 +24,7 @@ from supervisor import sdnotify
 from supervisor.config import Settings
 from supervisor.engine import Supervisor
 from supervisor.process import set_child_subreaper
+from supervisor.router import read_api_key
 from supervisor.runtime import build_supervisor
 from supervisor.states import ServerState
 
@@ -100,6 +101,7 @@ async def serve(settings: Settings, log_level: str = "info") -> int:
     try:
         token = load_token(settings.api.token_file)
         check_listen(settings.api.host, token)
+        read_api_key(settings.router)  # an unreadable router key file stops us here
         _lock_state_dir(settings)
     except (AuthConfigError, RuntimeError) as exc:
         print(f"sglang-supervisor: {exc}", file=sys.stderr)

@@ -94,6 +94,31 @@ class _Collector(Collector):
             )
         yield from self._gpus(view)
         yield from self._server(view)
+        yield from self._router(view)
+
+    def _router(self, view: SupervisorView) -> Iterator[Metric]:
+        """The router integration: whether the server is in the router (only with
+        [router]), and the last drain before a stop (the drain phase's durations are in
+        phase_duration_seconds{phase="drain"})."""
+        router = view.router
+        if router is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_router_worker_registered",
+                "1 when the sglang-router lists this server (as last seen), else 0",
+                value=1.0 if router.get("registered") is True else 0.0,
+            )
+        if view.last_drain_s is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_last_drain_duration_seconds",
+                "How long the last drain before a stop took",
+                value=view.last_drain_s,
+            )
+        if view.last_drain_left is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_last_drain_requests_left",
+                "Requests still running or queued when the last drain ended (0: drained)",
+                value=view.last_drain_left,
+            )
 
     def _operation_running(self, view: SupervisorView) -> Metric:
         """1 for the kind of the operation running now (a dry run is not one): alerts on

@@ -45,6 +45,10 @@ class PhaseName(enum.StrEnum):
     INTERRUPTED_APPLY = "interrupted_apply"
     #: A process that is not ours holds a managed GPU: nothing is started.
     FOREIGN_PROCESSES = "foreign_processes"
+    #: With [router]: the server taken out of the router before its stop...
+    ROUTER_REMOVE = "router_remove"
+    #: ...and the new one added, listed healthy by the router, before the commit.
+    ROUTER_ADD = "router_add"
 
 
 class PhasePrefix(enum.StrEnum):
@@ -67,6 +71,8 @@ TIMED_PHASES: tuple[PhaseName, ...] = (
     PhaseName.PROBATION,
     PhaseName.COMMIT,
     PhaseName.BACKOFF,
+    PhaseName.ROUTER_REMOVE,
+    PhaseName.ROUTER_ADD,
 )
 
 

@@ -41,7 +41,7 @@ from supervisor.config import RouterSettings, ServerSettings
 API_KEY_ENV = "SGLANG_SUPERVISOR_ROUTER_API_KEY"
 
 
-class RouterError(Exception):
+class RouterError(RuntimeError):
     """The router could not be asked, or refused; the message says which call and why."""
 
 

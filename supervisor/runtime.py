@@ -11,6 +11,7 @@ from supervisor.backend import Backend, ServerHandle
 from supervisor.config import Settings, instance_name
 from supervisor.engine import Supervisor
 from supervisor.health import HttpHealthChecker
+from supervisor.router import build_link
 from supervisor.schema import load_bundled
 from supervisor.sglang_parser import load_schema
 from supervisor.store import Store
@@ -119,6 +120,7 @@ def build_supervisor(settings: Settings) -> Supervisor:
         schema=load_bundled(),
         schema_loader=load_schema,
         store=store,
+        router=build_link(settings.router, settings.server),
     )
 
 

@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from supervisor.engine import routing
 from supervisor.engine.checks import refuse_if_foreign
 from supervisor.engine.server import (
     ServerInfo,
@@ -122,6 +123,7 @@ async def initial_start(sup: Supervisor, op: Operation) -> None:
     if not await launch_until_ready(sup, op, sup.levers, probation=False):
         await recover(sup, op, op.rollback_reason or "the initial start failed")
         return
+    await routing.join(sup, op)
     await commit(sup, op, sup.levers)
 
 
@@ -178,6 +180,7 @@ async def try_adopt(sup: Supervisor, op: Operation, record: RecordedServer) -> b
         await recover(sup, op, str(exc))
         return True
     ph.end(SUCCEEDED, f"pid {record.pid} adopted: no restart, levers {levers.digest()}")
+    await routing.join(sup, op)  # make sure the router lists it (a no-op when it does)
     if sup.last_good is None or interrupted_apply:
         # The interrupted apply had reached ready: finish it.
         await commit(sup, op, levers)

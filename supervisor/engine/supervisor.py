@@ -35,6 +35,7 @@ from supervisor.health import HealthChecker
 from supervisor.levers import LeverSet, canonical_names
 from supervisor.operations import FAILED, SUCCEEDED, Operation
 from supervisor.phases import OpKind, OpState
+from supervisor.router import NoRouter, WorkerLink
 from supervisor.schema import FlagSchema
 from supervisor.sglang_parser import LoadedSchema
 from supervisor.states import ServerState, check_transition
@@ -66,6 +67,7 @@ class Supervisor:
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = 0.1,
         schema_loader: Callable[[str, Path], LoadedSchema] | None = None,
+        router: WorkerLink | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
@@ -118,6 +120,14 @@ class Supervisor:
         self._shutdown_task: asyncio.Future[bool] | None = None
         #: The member pids /status showed last, and when (see view.members_for_display).
         self.members_cache: tuple[float, set[int]] | None = None
+        #: The sglang-router in front of the server (``NoRouter`` without [router] url).
+        self.router: WorkerLink = router or NoRouter()
+        #: What the last router call that failed said (None after one that worked).
+        self.router_error: str | None = None
+        #: The last drain before a stop: how long it took and how many requests were
+        #: still running or queued at its end (None: unknown or no drain yet).
+        self.last_drain_s: float | None = None
+        self.last_drain_left: float | None = None
 
     # ------------------------------------------------------------------ states
 
@@ -225,6 +235,7 @@ class Supervisor:
             return await transaction.shut_down(self, op, keep_server=keep_server)
         finally:
             await self.health.aclose()
+            await self.router.aclose()
             self.probe.close()
 
     # -------------------------------------------------------------- operations

@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from supervisor.engine import routing
 from supervisor.engine.checks import refuse_if_foreign
 from supervisor.engine.server import (
     SHUTDOWN_REASON,
@@ -47,8 +48,11 @@ async def apply(sup: Supervisor, op: Operation, new: LeverSet, drain_s: float) -
             op.finish(FAILED, f"the old server could not be released: {sup.state_reason}")
             return
         if await launch_until_ready(sup, op, new, probation=True):
-            await commit(sup, op, new)
-            return
+            refused = await routing.join(sup, op)
+            if refused is None:
+                await commit(sup, op, new)
+                return
+            op.rollback_reason = refused
         await roll_back(sup, op, op.rollback_reason or "the new levers failed")
     finally:
         # Whatever the outcome, the apply is no longer pending (a SIGKILLed daemon never
@@ -57,9 +61,15 @@ async def apply(sup: Supervisor, op: Operation, new: LeverSet, drain_s: float) -
 
 
 async def drain_or_cancel(sup: Supervisor, op: Operation, drain_s: float) -> bool:
-    """The last step before the stop: drain when asked. An operator's cancel up to here
-    stops nothing: the old server serves on (``rolled_back``) and this returns False."""
+    """The last steps before the stop: out of the router (with [router]), then drain
+    when asked or when the router was left. An operator's cancel up to here stops
+    nothing: the old server serves on (``rolled_back``), back in the router, and this
+    returns False."""
+    left = False
     try:
+        if sup.state == S.READY and sup.router.enabled:
+            left = await routing.leave(sup, op)
+            drain_s = routing.drain_bound(sup, drain_s)
         if drain_s > 0 and sup.state == S.READY:
             await drain(sup, op, drain_s)
         checkpoint(sup, op)
@@ -68,6 +78,8 @@ async def drain_or_cancel(sup: Supervisor, op: Operation, drain_s: float) -> boo
             raise
         if sup.state == S.DRAINING:
             sup.transition(S.READY, f"apply {op.id} cancelled during its drain")
+        if left and sup.state == S.READY:
+            await routing.join(sup, op)
         op.rollback_reason = str(exc)
         op.levers_effective = sup.levers.to_json()
         outcome = ROLLED_BACK if sup.state == S.READY else FAILED
@@ -77,7 +89,10 @@ async def drain_or_cancel(sup: Supervisor, op: Operation, drain_s: float) -> boo
 
 
 async def roll_back(sup: Supervisor, op: Operation, reason: str) -> None:
-    """The new levers failed: stop them, release, start the last-good levers."""
+    """The new levers failed: stop them, release, start the last-good levers (and put
+    them back in the router)."""
+    if sup.router.enabled and sup.server is not None:
+        await routing.leave(sup, op, prefix=PhasePrefix.ROLLBACK)
     if not await stop_and_release(sup, op, "roll back", S.STOPPED, prefix=PhasePrefix.ROLLBACK):
         op.finish(FAILED, f"{reason}; then the failed server could not be released")
         return
@@ -87,9 +102,10 @@ async def roll_back(sup: Supervisor, op: Operation, reason: str) -> None:
         return
     rollback_start = prefixed(PhasePrefix.ROLLBACK, PhaseName.START)
     if await launch_until_ready(sup, op, good, probation=False, phase=rollback_start):
+        refused = await routing.join(sup, op, prefix=PhasePrefix.ROLLBACK)
         op.rollback_reason = reason
         op.levers_effective = good.to_json()
-        op.finish(ROLLED_BACK, reason)
+        op.finish(ROLLED_BACK, reason if refused is None else f"{reason}; then {refused}")
         return
     second = op.rollback_reason
     await stop_and_release(
@@ -130,9 +146,11 @@ async def drain(sup: Supervisor, op: Operation, timeout_s: float) -> None:
     a graceful shutdown lets it finish (it is bounded), then the stop follows."""
     ph = op.phase(PhaseName.DRAIN)
     sup.transition(S.DRAINING, f"drain up to {timeout_s:.0f}s ({op.id})")
-    deadline = sup.clock() + timeout_s
+    started = sup.clock()
+    deadline = started + timeout_s
     sup.drain_deadline = deadline
     pending: float | None = None
+    poll_s = sup.settings.router.drain_poll_s if sup.router.enabled else 0.25
     try:
         while sup.clock() < deadline:
             if sup.shutdown_forced:
@@ -146,14 +164,23 @@ async def drain(sup: Supervisor, op: Operation, timeout_s: float) -> None:
                 if pending == 0:
                     ph.end(SUCCEEDED, "no running or queued requests")
                     return
-            await asyncio.sleep(max(sup.poll_s, 0.25))
+            await asyncio.sleep(max(sup.poll_s, poll_s))
     finally:
         sup.drain_deadline = None
-    ph.end(SUCCEEDED, f"timed out after {timeout_s:.0f}s with {pending} requests left")
+        sup.last_drain_s = sup.clock() - started
+        sup.last_drain_left = pending
+    left = "an unknown number of" if pending is None else f"{pending:g}"
+    ph.end(
+        SUCCEEDED,
+        f"timed out after {timeout_s:g}s (drain_timeout_s) with {left} requests still "
+        "running or queued; stopping anyway",
+    )
 
 
 async def stop(sup: Supervisor, op: Operation) -> None:
-    """An operator's stop: tear down, verify release, stay stopped."""
+    """An operator's stop: out of the router and drained (with [router]), tear down,
+    verify release, stay stopped (and out of the router)."""
+    await routing.leave_and_drain(sup, op)
     if await stop_and_release(sup, op, f"operator stop ({op.id})", S.STOPPED):
         op.levers_effective = None
         op.finish(SUCCEEDED)
@@ -180,7 +207,9 @@ async def start(sup: Supervisor, op: Operation) -> None:
 
 
 async def restart(sup: Supervisor, op: Operation) -> None:
-    """An operator's restart: stop, verify release, start the same levers."""
+    """An operator's restart: out of the router and drained (with [router]), stop,
+    verify release, start the same levers, back in the router."""
+    await routing.leave_and_drain(sup, op)
     if not await stop_and_release(sup, op, f"operator restart ({op.id})", S.STOPPED):
         op.finish(FAILED, sup.state_reason)
         return
@@ -194,6 +223,7 @@ async def start_current(sup: Supervisor, op: Operation) -> None:
     if await refuse_if_foreign(sup, op):
         return
     if await launch_until_ready(sup, op, sup.levers, probation=False):
+        await routing.join(sup, op)
         await commit(sup, op, sup.levers)
     else:
         await stop_and_release(sup, op, f"{op.kind} failed", S.STOPPED, prefix=PhasePrefix.CLEANUP)
@@ -208,6 +238,10 @@ async def recover(sup: Supervisor, op: Operation, reason: str) -> None:
         sup.crash_times.append(now)
         while sup.crash_times and sup.crash_times[0] < now - t.crash_loop_window_s:
             sup.crash_times.popleft()
+        if sup.state != S.BACKOFF and sup.server is not None:
+            # Crashed or hung: out of the router first (a dead server's removal never
+            # waits on the server; a router that does not answer is reported, not awaited).
+            await routing.leave(sup, op)
         if sup.state != S.BACKOFF and not await stop_and_release(sup, op, reason, S.BACKOFF):
             op.finish(FAILED, sup.state_reason)
             return
@@ -233,6 +267,7 @@ async def recover(sup: Supervisor, op: Operation, reason: str) -> None:
             return
         ph.end(SUCCEEDED, f"waited {delay:.1f}s after: {reason}")
         if await launch_until_ready(sup, op, sup.levers, probation=False):
+            await routing.join(sup, op)
             if op.kind == OpKind.RECOVER:
                 sup.restarts += 1
             # Serving again with these levers proves them good (and gives a first
@@ -257,6 +292,7 @@ async def shut_down(sup: Supervisor, op: Operation, *, keep_server: bool) -> boo
             f"pid {sup.server.handle.pid}" if sup.server is not None else "none running",
         )
     else:
+        await routing.leave(sup, op)
         released = await stop_and_release(sup, op, "daemon shutdown", S.STOPPED)
         op.finish(SUCCEEDED if released else FAILED, None if released else sup.state_reason)
     await sup.journal.flush()

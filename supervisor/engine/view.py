@@ -96,6 +96,12 @@ class SupervisorView:
     schema_live: bool
     warnings: tuple[str, ...]
     logs_dir: Path
+    #: The sglang-router in front of the server: ``url``, ``worker_url``, ``registered``
+    #: (True/False as last seen, None unknown), ``error``; None without [router].
+    router: Mapping[str, Any] | None = None
+    #: The last drain before a stop: seconds, and requests left at its end.
+    last_drain_s: float | None = None
+    last_drain_left: float | None = None
 
     @property
     def gpu_indices(self) -> list[int]:
@@ -124,6 +130,10 @@ class SupervisorView:
             "throughput": self.throughput.to_json(),
             "schema": {"sglang_version": self.schema.sglang_version, "source": self.schema.source},
             "warnings": list(self.warnings),
+            "router": None if self.router is None else dict(self.router),
+            "last_drain": None
+            if self.last_drain_s is None
+            else {"duration_s": round(self.last_drain_s, 3), "requests_left": self.last_drain_left},
         }
 
 
@@ -167,6 +177,18 @@ def snapshot(sup: Supervisor) -> SupervisorView:
         schema_live=sup.schema_live,
         warnings=tuple(sup.warnings),
         logs_dir=sup.journal.logs_dir,
+        router=None
+        if not sup.router.enabled
+        else frozen_map(
+            {
+                "url": sup.settings.router.url,
+                "worker_url": sup.router.worker_url,
+                "registered": sup.router.registered,
+                "error": sup.router_error,
+            }
+        ),
+        last_drain_s=sup.last_drain_s,
+        last_drain_left=sup.last_drain_left,
     )
 
 

@@ -72,6 +72,10 @@ class Scenario:
     warmup_s: float = 12.0
     tail_s: float = 10.0
     load: LoadSpec = field(default_factory=LoadSpec)
+    #: Overrides of SERVER_ENV / TIMEOUTS (the test suite's shorter run).
+    server_env: dict[str, str] = field(default_factory=dict)
+    timeouts: dict[str, Any] = field(default_factory=dict)
+    startup_s: float = 2.0
 
 
 @dataclass
@@ -87,7 +91,7 @@ class ScenarioResult:
     rollout_output: str
 
 
-def _daemon(tmp: Path, k: int, router_url: str | None) -> Daemon:
+def _daemon(tmp: Path, k: int, router_url: str | None, s: Scenario) -> Daemon:
     extra: dict[str, Any] = {}
     if router_url:
         extra["router"] = {"url": router_url, "drain_timeout_s": 60.0, "drain_poll_s": 0.25}
@@ -97,11 +101,11 @@ def _daemon(tmp: Path, k: int, router_url: str | None) -> Daemon:
         home,
         gpus=2,
         levers={"model_path": "sim/llama", "tp_size": 2, "mem_fraction_static": 0.85},
-        timeouts=TIMEOUTS,
-        sim={"startup_s": 2.0},
+        timeouts={**TIMEOUTS, **s.timeouts},
+        sim={"startup_s": s.startup_s},
         extra=extra,
     )
-    d.env.update(SERVER_ENV)
+    d.env.update({**SERVER_ENV, **s.server_env})
     return d
 
 
@@ -158,7 +162,7 @@ def run_scenario(s: Scenario, tmp: Path) -> ScenarioResult:
     daemons: list[Daemon] = []
     try:
         for k in range(s.replicas):
-            d = _daemon(tmp, k, router.url if s.integration else None)
+            d = _daemon(tmp, k, router.url if s.integration else None, s)
             daemons.append(d)
             d.start(wait_ready=True)
         if not s.integration:

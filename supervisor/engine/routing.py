@@ -1,0 +1,86 @@
+"""The operations' steps that keep an sglang-router in step with the server.
+
+Before a serving server is stopped: take it out of the router (``router_remove``), then
+drain it — wait until it has no running or queued request, bounded by ``[router]
+drain_timeout_s`` — so no client request is cut. After a new server is ready (and, for
+an apply, has passed probation): add it and wait until the router lists it healthy
+(``router_add``). Without ``[router] url`` these steps do nothing and add no phase.
+
+A router that does not answer never blocks a stop: ``router_remove`` fails (its phase
+says why) and the stop goes on. A failed ``router_add`` is reported in its phase and in
+``/status`` (``router.error``); an apply rolls back on it (the new server would serve no
+one), and the other operations end with the server running but not in the router.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from supervisor.operations import FAILED, SUCCEEDED, Operation
+from supervisor.phases import PhaseName
+from supervisor.router import RouterError
+from supervisor.states import ServerState
+
+if TYPE_CHECKING:
+    from supervisor.engine.supervisor import Supervisor
+
+log = logging.getLogger("supervisor")
+S = ServerState
+
+
+async def leave(sup: Supervisor, op: Operation, *, prefix: str = "") -> bool:
+    """Take the server out of the router. True when it is out (or was never in)."""
+    if not sup.router.enabled:
+        return True
+    ph = op.phase(prefix + PhaseName.ROUTER_REMOVE)
+    try:
+        detail = await sup.router.leave()
+    except RouterError as exc:
+        sup.router_error = str(exc)
+        log.warning("router: %s", exc)
+        ph.end(FAILED, f"{exc}; stopping anyway")
+        return False
+    sup.router_error = None
+    ph.end(SUCCEEDED, detail)
+    return True
+
+
+async def join(sup: Supervisor, op: Operation, *, prefix: str = "") -> str | None:
+    """Add the ready server and wait until the router lists it healthy. Returns None when
+    it is, else what went wrong (also in the phase and /status)."""
+    if not sup.router.enabled:
+        return None
+    ph = op.phase(prefix + PhaseName.ROUTER_ADD)
+    try:
+        detail = await sup.router.join()
+    except RouterError as exc:
+        why = f"the router did not take the new server: {exc}"
+        sup.router_error = why
+        log.warning("router: %s", exc)
+        ph.end(FAILED, why)
+        return why
+    sup.router_error = None
+    ph.end(SUCCEEDED, detail)
+    return None
+
+
+def drain_bound(sup: Supervisor, asked_s: float) -> float:
+    """How long the drain before a stop may last: what the operator asked for, and with a
+    router at least ``[router] drain_timeout_s`` (the router sends no new request)."""
+    if sup.router.enabled:
+        return max(asked_s, sup.settings.router.drain_timeout_s)
+    return asked_s
+
+
+async def leave_and_drain(sup: Supervisor, op: Operation) -> None:
+    """Before the operator's stop or restart of a serving server: out of the router, then
+    drained. A server that is not ready is only taken out (best effort)."""
+    from supervisor.engine.transaction import drain  # the drain step lives there
+
+    if not sup.router.enabled:
+        return
+    serving = sup.state == S.READY
+    await leave(sup, op)
+    if serving:
+        await drain(sup, op, sup.settings.router.drain_timeout_s)
