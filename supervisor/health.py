@@ -1,8 +1,9 @@
 """Readiness and liveness probes against SGLang's HTTP API.
 
 Ready means ``GET /health_generate`` answered 200: it runs a real generation, where
-``/health`` can answer 200 from a hung server. Then ``GET /get_server_info`` is read for
-``max_total_num_tokens`` and the effective arguments.
+``/health`` can answer 200 from a hung server. Then ``GET /server_info`` is read for
+``max_total_num_tokens`` and the resolved arguments (SGLang 0.5.23 deprecates
+``/get_server_info``, ``entrypoints/http_server.py:853-863``; it is the fallback on a 404).
 """
 
 from __future__ import annotations
@@ -47,8 +48,11 @@ class HttpHealthChecker:
         return Probe(False, f"GET {url}/health_generate answered {r.status_code}")
 
     async def server_info(self, url: str, timeout_s: float) -> dict[str, Any]:
-        """``/get_server_info`` as a dict; raises ``httpx.HTTPError`` when it fails."""
-        r = await self._client.get(f"{url}/get_server_info", timeout=timeout_s)
+        """``/server_info`` (``/get_server_info`` on an older server that answers 404) as a
+        dict; raises ``httpx.HTTPError`` when it fails."""
+        r = await self._client.get(f"{url}/server_info", timeout=timeout_s)
+        if r.status_code == 404:
+            r = await self._client.get(f"{url}/get_server_info", timeout=timeout_s)
         r.raise_for_status()
         data = r.json()
         return data if isinstance(data, dict) else {}
