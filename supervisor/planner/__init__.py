@@ -68,6 +68,7 @@ from supervisor.planner.pools import (
 from supervisor.planner.proposal import (
     MAX_PROPOSED_GRAPH_BS,
     PROPOSED_FP8_DTYPE,
+    Resolver,
     Validator,
     host_cache_budget_per_rank,
     propose,
@@ -98,6 +99,7 @@ __all__ = [
     "PlanError",
     "Pools",
     "Reserve",
+    "Resolver",
     "Validator",
     "capacity",
     "cell_bytes",

@@ -32,11 +32,15 @@ class Capacity:
     """What one lever set gives, per rank and over the server."""
 
     mem_fraction_static: float
-    #: "lever" or "SGLang default".
+    #: "lever", "SGLang default" (the planner's copy of the rule) or "SGLang's own
+    #: resolution" (SGLang's answer, where it is installed).
     mem_fraction_source: str
     safe_mem_fraction: float
-    #: SGLang's own default for this lever set (rounded to 3 decimals).
+    #: SGLang's own default for this lever set (rounded to 3 decimals): its resolution's
+    #: answer where SGLang is installed, else the planner's copy of its rule.
     sglang_default_fraction: float
+    #: The planner's copy of SGLang's rule (the fallback).
+    planner_rule_fraction: float
     #: The KV dtype stored (``auto`` resolved: fp8 on an FP8-KV checkpoint).
     kv_cache_dtype: str
     #: Bytes per token of ``max_total_num_tokens`` (full + ratio × sliding window).
@@ -85,14 +89,26 @@ def capacity(
     gpu_bytes: int,
     avg_tokens: int,
     host_ram_bytes: int | None = None,
+    resolved: Mapping[str, Any] | None = None,
 ) -> Capacity:
     """Device and host KV capacity of ``levers`` on GPUs of ``gpu_bytes`` each
-    (``host_ram_bytes``: the available host RAM, for an auto-sized host pool)."""
+    (``host_ram_bytes``: the available host RAM, for an auto-sized host pool).
+
+    ``resolved``: the values SGLang's own resolution picked for ``levers`` where SGLang is
+    installed; its ``mem_fraction_static`` is then the default instead of the planner's
+    copy of the rule.
+    """
     lay = Layout.of(levers)
     is_mla = model.shape.is_mla
     reserve = sglang_reserve(gpu_bytes, levers, is_mla)
     explicit = lever_float(levers, "mem_fraction_static")
-    p = pools(model, levers, gpu_bytes)
+    source = "lever" if explicit is not None else "SGLang default"
+    sized = levers
+    sglang_fraction = (resolved or {}).get("mem_fraction_static")
+    if explicit is None and isinstance(sglang_fraction, (int, float)) and sglang_fraction > 0:
+        sized = {**levers, "mem_fraction_static": float(sglang_fraction)}
+        source = "SGLang's own resolution"
+    p = pools(model, sized, gpu_bytes)
     c = p.cells
     tokens = p.kv_tokens
     device_bytes = (
@@ -120,9 +136,12 @@ def capacity(
         chunk //= lay.attn_dp_size  # parallel_hook.py:327-332
     return Capacity(
         mem_fraction_static=p.mem_fraction_static,
-        mem_fraction_source="lever" if explicit is not None else "SGLang default",
+        mem_fraction_source=source,
         safe_mem_fraction=reserve.safe_fraction,
-        sglang_default_fraction=reserve.sglang_default_fraction,
+        sglang_default_fraction=p.mem_fraction_static
+        if source == "SGLang's own resolution"
+        else reserve.sglang_default_fraction,
+        planner_rule_fraction=reserve.sglang_default_fraction,
         kv_cache_dtype=c.kv_cache_dtype,
         cell_bytes=c.cell,
         cell_bytes_exact=round(c.exact, 3),

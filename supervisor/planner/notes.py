@@ -44,6 +44,12 @@ def honest_notes(
             "on a large prefill. It may still work on your traffic; apply it anyway if you "
             "have measured it."
         )
+    if abs(now.sglang_default_fraction - now.planner_rule_fraction) > 0.0005:
+        out.append(
+            f"SGLang's own resolution picks mem_fraction_static "
+            f"{now.sglang_default_fraction:.3f} for the current levers; the planner's copy of "
+            f"its rule says {now.planner_rule_fraction:.3f}. SGLang's answer is used."
+        )
     for why in refused:
         out.append(f"SGLang refuses a candidate lever set, left out: {why}")
     if after.attn_dp_size > 1 and now.attn_dp_size == 1:

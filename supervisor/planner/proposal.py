@@ -38,6 +38,8 @@ MAX_PROPOSED_GRAPH_BS = 1024
 
 #: A check of a lever set by SGLang itself: None when it accepts, else why not.
 Validator = Callable[[Mapping[str, Any]], "str | None"]
+#: SGLang's own resolved values for a lever set (None: SGLang could not be asked).
+Resolver = Callable[[Mapping[str, Any]], "Mapping[str, Any] | None"]
 
 #: The order the proposal lists its levers in (the biggest effect on capacity first).
 _LEVER_ORDER = {
@@ -172,6 +174,7 @@ def propose(
     target_concurrency: int | None = None,
     live: LiveLoad | None = None,
     validate: Validator | None = None,
+    resolve: Resolver | None = None,
 ) -> Plan:
     """Every lever that raises KV capacity, sized for this model and machine.
 
@@ -182,7 +185,8 @@ def propose(
     ``max_running_requests`` = requests that fit at ``avg_tokens`` (or the target) and
     ``cuda_graph_max_bs_decode`` covering one worker's batch. TP/PP/DP are never changed.
     ``validate`` (SGLang's own resolution, where installed) checks each candidate: one it
-    refuses is never proposed.
+    refuses is never proposed; ``resolve`` gives SGLang's own resolved values for the
+    current levers (its default fraction replaces the planner's copy of the rule).
 
     Raises ``PlanError`` when the lever set needs more GPUs than ``hardware`` has or the
     inputs are out of range.
@@ -201,7 +205,9 @@ def propose(
             f"{hardware.gpus}; give more GPUs or lower tp_size/dp_size in the current levers"
         )
     gpu, host = hardware.gpu_memory_bytes, hardware.host_ram_available_bytes
-    now = capacity(model, current, gpu, avg_tokens, host)
+    now = capacity(
+        model, current, gpu, avg_tokens, host, resolved=resolve(current) if resolve else None
+    )
     refused: list[str] = []
 
     def accepted(levers: dict[str, Any]) -> bool:

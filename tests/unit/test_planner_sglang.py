@@ -113,6 +113,20 @@ def test_validator_refusal_keeps_a_candidate_out() -> None:
     assert any("attention DP refused here" in n for n in plan.notes)
 
 
+def test_sglangs_own_resolution_replaces_the_planners_rule_when_given() -> None:
+    hw = planner.Hardware(gpus=8, gpu_memory_bytes=H200, host_ram_available_bytes=2000 * GiB)
+    plan = planner.propose(
+        planner_model("DeepSeek-V3"),
+        hw,
+        {"tp_size": 8},
+        avg_tokens=4096,
+        resolve=lambda levers: {"mem_fraction_static": 0.880},
+    )
+    assert plan.current.mem_fraction_static == 0.880
+    assert plan.current.mem_fraction_source == "SGLang's own resolution"
+    assert any("picks mem_fraction_static 0.880" in n and "says 0.886" in n for n in plan.notes)
+
+
 def test_fp8_kv_checkpoint_gets_no_fp8_lever() -> None:
     hw = planner.Hardware(gpus=1, gpu_memory_bytes=H200, host_ram_available_bytes=64 * GiB)
     plan = planner.propose(planner_model("Llama-3.1-8B-FP8"), hw, {}, avg_tokens=4096)
