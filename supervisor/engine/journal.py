@@ -55,11 +55,11 @@ class Journal:
     # ----------------------------------------------------------------- changing
 
     async def record_launch(self, handle: ServerHandle, levers: LeverSet) -> None:
-        """A launcher was spawned with ``levers``: a restarted daemon can find it again."""
+        """A launcher was spawned with ``levers``: a restarted daemon can find it again.
+        (The current levers change only at ``commit``.)"""
         self._state.server = RecordedServer(
             handle.pid, handle.create_time, handle.tag, str(handle.log_path), levers.to_json()
         )
-        self._state.levers = levers
         await self._save_quietly()
 
     async def record_gone(self) -> None:

@@ -124,8 +124,8 @@ async def launch_until_ready(
         now = time.time()
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
         log_path = sup.journal.logs_dir / f"server-{stamp}-{tag.rsplit('.', 1)[-1]}.log"
+        # The levers being launched live in sup.server; sup.levers changes only at commit.
         sup.transition(S.STARTING, f"{op.kind} {op.id}: levers {levers.digest()}")
-        sup.levers = levers
         await asyncio.to_thread(
             serverlogs.prune, sup.journal.logs_dir, sup.settings.server.log_keep_launches - 1
         )
@@ -204,14 +204,32 @@ async def wait_ready(sup: Supervisor, op: Operation, handle: ServerHandle) -> No
 
 
 async def watch_probation(sup: Supervisor, op: Operation, handle: ServerHandle) -> None:
-    """The new server must stay up for ``probation_s`` after it was first ready."""
-    deadline = sup.clock() + sup.settings.timeouts.probation_s
+    """The new server must stay up *and healthy* for ``probation_s`` after it was first
+    ready: its launcher alive at every poll, and /health_generate answering a probe every
+    fifth of the window (the last one at its end). ``liveness_failures`` failed probes in
+    a row fail it (``StartFailed``), as for a ready server; so does a window that ends
+    on failed probes."""
+    t = sup.settings.timeouts
+    deadline = sup.clock() + t.probation_s
+    every = max(t.probation_s / 5, sup.poll_s)
+    next_probe = min(sup.clock() + every, deadline)
+    failures = 0
     while True:
         if handle.poll():
             raise StartFailed(await exit_reason(handle, "within the probation window"))
-        if sup.clock() >= deadline:
-            return
-        await pause(sup, op, sup.poll_s)
+        if sup.clock() >= next_probe:
+            probe = await sup.health.generate_ok(sup.url, min(t.liveness_timeout_s, every + 1))
+            failures = 0 if probe.ok else failures + 1
+            if failures >= t.liveness_failures:
+                raise StartFailed(
+                    f"unhealthy within the probation window: {failures} /health_generate "
+                    f"probes of pid {handle.pid} failed in a row (last: {probe.detail})"
+                )
+            now = sup.clock()
+            if probe.ok and now >= deadline:
+                return
+            next_probe = min(now + every, deadline) if now < deadline else now + every
+        await pause(sup, op, max(0.0, min(sup.poll_s, next_probe - sup.clock())))
 
 
 async def exit_reason(handle: ServerHandle, when: str) -> str:

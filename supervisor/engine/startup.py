@@ -168,7 +168,6 @@ async def try_adopt(sup: Supervisor, op: Operation, record: RecordedServer) -> b
         sup.baseline = {g.index: 0 for g in sup.managed}
         sup.warn("no recorded GPU baseline: release is judged against 0 bytes + tolerance")
     sup.server = ServerInfo(handle=handle, levers=levers)
-    sup.levers = levers
     sup.transition(
         S.STARTING,
         f"adopting pid {record.pid} (launch {record.tag}) left running by an earlier daemon",

@@ -278,10 +278,10 @@ class Supervisor:
                 if not op.finished:
                     op.finish(FAILED, "cancelled: the daemon is shutting down")
                 raise
-            except Exception as exc:  # a bug; never leave the operation "running"
+            except Exception as exc:  # a bug: never leave the operation or the state hanging
                 log.exception("operation %s (%s) crashed", op.id, op.kind)
                 if not op.finished:
-                    op.finish(FAILED, f"internal error: {type(exc).__name__}: {exc}")
+                    await self._contain(op, exc)
             finally:
                 if not op.finished:
                     op.finish(SUCCEEDED)
@@ -292,6 +292,19 @@ class Supervisor:
                     self.operation = None
 
         self._op_task = asyncio.create_task(runner(), name=f"op-{op.kind}-{op.id}")
+
+    async def _contain(self, op: Operation, exc: Exception) -> None:
+        try:
+            await transaction.contain(self, op, exc)
+        except Cancelled as stop:  # the shutdown tears down what is left
+            if not op.finished:
+                op.finish(FAILED, str(stop))
+        except Exception as again:
+            log.exception("operation %s (%s): cleaning up after the error failed", op.id, op.kind)
+            why = f"internal error: {type(exc).__name__}: {exc}; cleaning up failed: {again}"
+            if not op.finished:
+                op.finish(FAILED, why)
+            transaction.fail_state(self, f"{why}; POST /stop, then /start")
 
     def _operation_ended(self, op: Operation) -> None:
         if op.reported:

@@ -281,6 +281,51 @@ async def recover(sup: Supervisor, op: Operation, reason: str) -> None:
             return
 
 
+async def contain(sup: Supervisor, op: Operation, exc: Exception) -> None:
+    """``op`` raised what nobody expected (a bug; an error of a kind no step handles):
+    never leave a state with no process behind it. Tear down what is ours; start the
+    last-good levers again (``rolled_back``) unless it was a stop; ``failed`` with the
+    reason when that fails too. A shutdown in progress does the teardown itself."""
+    why = f"internal error: {type(exc).__name__}: {exc}"
+    op.rollback_reason = why
+    if sup.shutdown_requested:
+        op.finish(FAILED, why)
+        return
+    if not await stop_and_release(sup, op, why, S.STOPPED, prefix=PhasePrefix.CLEANUP):
+        op.finish(FAILED, f"{why}; then the server could not be released")
+        return
+    good = sup.last_good
+    if op.kind == OpKind.STOP or good is None:
+        op.finish(FAILED, why)
+        return
+    rollback_start = prefixed(PhasePrefix.ROLLBACK, PhaseName.START)
+    if await launch_until_ready(sup, op, good, probation=False, phase=rollback_start):
+        sup.levers = good
+        op.rollback_reason = why
+        op.levers_effective = good.to_json()
+        op.finish(ROLLED_BACK, why)
+        return
+    second = op.rollback_reason
+    await stop_and_release(sup, op, f"{why}; {second}", S.FAILED, prefix=PhasePrefix.CLEANUP)
+    op.finish(FAILED, f"{why}; starting the last-good levers also failed: {second}")
+
+
+def fail_state(sup: Supervisor, why: str) -> None:
+    """The last resort when even ``contain`` raised: walk the allowed edges to ``failed``,
+    so /status says an operator is needed instead of showing a state nothing backs."""
+    path = {
+        S.STARTING: S.STOPPING,
+        S.READY: S.STOPPING,
+        S.DRAINING: S.STOPPING,
+        S.STOPPED: S.STOPPING,
+        S.STOPPING: S.RELEASING,
+        S.RELEASING: S.FAILED,
+        S.BACKOFF: S.FAILED,
+    }
+    while sup.state != S.FAILED:
+        sup.transition(path[sup.state], why)
+
+
 async def shut_down(sup: Supervisor, op: Operation, *, keep_server: bool) -> bool:
     """The daemon's exit, once no other operation runs: stop the server and verify the
     GPUs released (False when they could not be), or with ``keep_server`` leave it

@@ -299,7 +299,7 @@ class FakeProcessOps:
         self.default = Behaviour()
         self._plan: deque[Behaviour] = deque()
         #: Raised by the next spawn (the program cannot be executed).
-        self.spawn_error: OSError | None = None
+        self.spawn_error: Exception | None = None
         #: While set, spawn and teardown wait until the test sets the event (a slow
         #: exec, a slow SIGTERM grace): the step is in progress in its worker thread.
         self.spawn_gate: threading.Event | None = None

@@ -1,0 +1,101 @@
+"""After the stop, every path ends in the new server, the last-good levers, or a named
+``failed`` — and nothing an operation leaves behind wedges the daemon (issue 11, §4).
+
+Driven through the fakes; the assertions are what an operator sees: which levers
+/status shows and a start launches, which pid serves, the operation's outcome.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
+from tests.unit.engine.common import HELD_PER_RANK, S, apply, nothing_held, settle, state_of
+from tests.unit.fakes import INITIAL_LEVERS, Behaviour, make_rig, run, until
+
+GOOD = {"levers": INITIAL_LEVERS, "env": {}}
+
+
+def test_an_unexpected_error_at_spawn_rolls_back_to_the_last_good_levers(
+    tmp_path: Path,
+) -> None:
+    """Popen raised UnicodeEncodeError (a value with a lone surrogate): not an OSError,
+    yet the apply rolls back instead of leaving the state 'starting' with no process."""
+    rig = make_rig(tmp_path)
+
+    async def main() -> None:
+        await rig.start_ready()
+        rig.procs.spawn_error = UnicodeEncodeError(
+            "utf-8", "\ud800", 0, 1, "surrogates not allowed"
+        )
+        op = await apply(rig, {"mem_fraction_static": 0.9})
+        assert op.state == ROLLED_BACK, op.error
+        assert "UnicodeEncodeError" in (op.error or "")
+        assert state_of(rig) == S.READY
+        serving = rig.procs.current()
+        assert serving is not None and serving is rig.procs.handles[-1]
+        status = await rig.sup.status()
+        assert status["levers"] == INITIAL_LEVERS
+        assert status["server"]["pid"] == serving.pid
+        assert rig.probe.above_baseline() == {0: HELD_PER_RANK, 1: HELD_PER_RANK}
+        # The daemon is not wedged: the next operation runs.
+        again = await apply(rig, {"mem_fraction_static": 0.85})
+        assert again.state == SUCCEEDED
+        await rig.sup.shutdown()
+
+    run(main)
+
+
+def test_levers_change_only_at_commit_even_when_the_rollback_cannot_release(
+    tmp_path: Path,
+) -> None:
+    """The new server never gets ready and its ranks cannot be killed: the apply ends
+    failed. /status must still show the last-good levers, and a start launches them,
+    not the rejected ones."""
+    rig = make_rig(tmp_path)
+
+    async def main() -> None:
+        await rig.start_ready()
+        rig.procs.plan(Behaviour(never_ready=True, unkillable=True))
+        op = await apply(rig, {"mem_fraction_static": 0.9})
+        assert op.state == FAILED
+        assert state_of(rig) == S.FAILED
+        status = await rig.sup.status()
+        assert status["levers"] == INITIAL_LEVERS
+        assert status["last_good_levers"] == GOOD
+        rig.procs.release_stuck()
+        start = await settle(rig, rig.sup.submit_start())
+        assert start.state == SUCCEEDED, start.error
+        argv = rig.procs.spawns[-1].argv
+        assert argv[argv.index("--mem-fraction-static") + 1] == "0.8"
+        await rig.sup.shutdown()
+
+    run(main)
+
+
+def test_a_server_unhealthy_in_probation_is_rolled_back_and_never_last_good(
+    tmp_path: Path,
+) -> None:
+    """The new server answers once, then /health_generate times out while its pid stays
+    alive: probation fails it; the last-good levers serve again."""
+    rig = make_rig(tmp_path, probation_s=0.5)
+
+    async def main() -> None:
+        await rig.start_ready()
+        op = await rig.sup.submit_apply({"mem_fraction_static": 0.9}, {})
+        await until(lambda: len(rig.procs.spawns) == 2 and state_of(rig) == S.READY)
+        new = rig.procs.handles[1]
+        new.hung = True
+        await settle(rig, op)
+        assert op.state == ROLLED_BACK, op.error
+        assert "unhealthy within the probation window" in (op.rollback_reason or "")
+        assert f"pid {new.pid}" in (op.rollback_reason or "")
+        assert new.returncode is not None
+        status = await rig.sup.status()
+        assert status["last_good_levers"] == GOOD
+        assert status["levers"] == INITIAL_LEVERS
+        assert rig.procs.current() is rig.procs.handles[2]
+        await rig.sup.shutdown()
+        assert nothing_held(rig)
+
+    run(main)
