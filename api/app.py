@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from api import plan, routes
-from api.auth import GuardMiddleware
+from api.auth import ApiAccess, GuardMiddleware
 from supervisor.engine import Supervisor
 from supervisor.metrics import SupervisorMetrics
 
@@ -27,14 +29,12 @@ def create_app(
     )
     app.state.supervisor = supervisor
     app.state.metrics = SupervisorMetrics(supervisor)
+    app.state.access = ApiAccess(token=token, metrics_public=metrics_public)
+    #: Set when the daemon stops: open event streams end (see ``close_streams``).
+    app.state.closing = asyncio.Event()
     app.include_router(routes.router)
     app.include_router(plan.router)
-    app.add_middleware(
-        GuardMiddleware,
-        token=token,
-        metrics_public=metrics_public,
-        max_body_bytes=max_body_bytes,
-    )
+    app.add_middleware(GuardMiddleware, access=app.state.access, max_body_bytes=max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -45,3 +45,10 @@ def create_app(
         return JSONResponse({"detail": errors}, status_code=422)
 
     return app
+
+
+def close_streams(app: FastAPI) -> None:
+    """End every open ``/events`` stream now (the daemon is stopping): the API server's
+    shutdown then has no long-lived response to wait out or cancel."""
+    closing: asyncio.Event = app.state.closing
+    closing.set()

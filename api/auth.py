@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,15 +79,22 @@ async def _reply(send: Send, status: int, body: dict[str, Any], extra: list[Any]
     await send({"type": "http.response.body", "body": data})
 
 
+@dataclass
+class ApiAccess:
+    """Who may call what; read on every request, so a reload (SIGHUP) applies at once."""
+
+    #: The bearer token every call but /healthz needs; None: no token (loopback only).
+    token: str | None
+    #: /metrics without the token.
+    metrics_public: bool = False
+
+
 class GuardMiddleware:
     """Token check and body-size limit, before any route runs."""
 
-    def __init__(
-        self, app: ASGIApp, *, token: str | None, metrics_public: bool, max_body_bytes: int
-    ) -> None:
+    def __init__(self, app: ASGIApp, *, access: ApiAccess, max_body_bytes: int) -> None:
         self.app = app
-        self.token = token
-        self.metrics_public = metrics_public
+        self.access = access
         self.max_body = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -94,13 +102,14 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
-        public = path == "/healthz" or (self.metrics_public and path == "/metrics")
-        if self.token is not None and not public:
+        token = self.access.token
+        public = path == "/healthz" or (self.access.metrics_public and path == "/metrics")
+        if token is not None and not public:
             headers = dict(scope.get("headers") or [])
             given = headers.get(b"authorization", b"").decode(errors="replace")
             scheme, _, credential = given.partition(" ")
             ok = scheme.lower() == "bearer" and hmac.compare_digest(
-                credential.strip().encode(), self.token.encode()
+                credential.strip().encode(), token.encode()
             )
             if not ok:
                 audit(scope, "refused", reason="missing or wrong bearer token")

@@ -1,29 +1,41 @@
-"""Running the daemon: the supervisor, the API under uvicorn, systemd notifications.
+"""Running the daemon: the supervisor, the API under uvicorn, signals, systemd notifications.
 
 ``serve`` returns 0 after SIGTERM/SIGINT once the server is stopped and its GPUs are
 verified released (or left running in keep-server mode); 1 when the API cannot listen or
 the GPUs could not be verified released; 2 on an unsafe or broken configuration (token,
 a second daemon on the state dir, an unknown GPU, invalid initial levers).
+
+Signals (``api.daemon_signals`` records them from the process's first instant): the first
+SIGTERM or SIGINT stops gracefully, at any point (while starting too); SIGHUP reloads what
+can change without touching the server (``api.reload``). uvicorn's own signal handling is
+off: the daemon decides, and stops uvicorn itself (``should_exit``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import logging.handlers
 import os
 import signal
 import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 
-from api.app import create_app
+from api.app import close_streams, create_app
 from api.auth import AuthConfigError, check_listen, load_token
+from api.daemon_signals import DaemonSignals, process_signals
+from api.reload import reload_settings
 from supervisor import sdnotify
-from supervisor.config import Settings
+from supervisor.config import Settings, instance_name
 from supervisor.engine import Supervisor
-from supervisor.process import set_child_subreaper
+from supervisor.process import set_child_subreaper, teardown
 from supervisor.router import read_api_key
 from supervisor.runtime import build_supervisor
 from supervisor.states import ServerState
@@ -90,14 +102,136 @@ async def _notify_when_listening(server: uvicorn.Server, sup: Supervisor) -> Non
         await asyncio.sleep(interval)
 
 
-async def serve(settings: Settings, log_level: str = "info") -> int:
+class _ApiServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the daemon's decide, and stop it through
+    ``should_exit`` / ``force_exit`` (uvicorn would replace them while serving, then
+    re-raise the signal it caught once serving ends)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class _Stopping:
+    """What the daemon's signals do, on the loop: SIGTERM/SIGINT stop it, SIGHUP reloads
+    its settings.
+
+    The first SIGTERM/SIGINT is graceful: the API stops, the running operation ends at
+    its next phase boundary, the server is stopped (SIGTERM, ``stop_grace_s``, SIGKILL)
+    and its GPUs verified released. A second one forces: no drain, and (unless the
+    server is kept for the next daemon) SIGKILL to every process of the instance now,
+    even in the middle of a stop's grace period; the release is still verified.
+    """
+
+    def __init__(
+        self,
+        sup: Supervisor,
+        settings: Settings,
+        app: FastAPI,
+        server: uvicorn.Server,
+        reload: Callable[[], Any],
+    ) -> None:
+        self.sup = sup
+        self.settings = settings
+        self.app = app
+        self.server = server
+        self.reload = reload
+        self.requests = 0
+        #: The first SIGTERM/SIGINT came.
+        self.requested = asyncio.Event()
+        #: A second one came.
+        self.forced = asyncio.Event()
+        #: The SIGKILL of a forced stop, in a worker thread.
+        self.killing: asyncio.Future[bool] | None = None
+
+    def on_signal(self, sig: signal.Signals) -> None:
+        if sig == signal.SIGHUP:
+            self.reload()
+            return
+        self.requests += 1
+        self.server.should_exit = True
+        close_streams(self.app)
+        if self.requests == 1:
+            log.info(
+                "%s: stopping: the server is stopped and its GPUs verified released "
+                "(or kept with keep_server_on_exit); another %s forces the stop",
+                sig.name,
+                sig.name,
+            )
+            self.requested.set()
+            self.sup.request_shutdown()
+            return
+        self.server.force_exit = True
+        self.forced.set()
+        self.sup.request_shutdown(force=True)
+        if keep_server_on_exit(self.settings):
+            log.warning("%s again: forcing the stop (the server is kept running)", sig.name)
+        elif self.killing is None:
+            log.warning(
+                "%s again: forcing the stop: SIGKILL to every process of the server now; "
+                "the GPUs' release is still verified",
+                sig.name,
+            )
+            self.killing = asyncio.ensure_future(_stop_leftovers(self.settings, forced=True))
+
+
+async def _start(sup: Supervisor, stopping: _Stopping) -> bool:
+    """``sup.start()``, unless a stop is asked for first: then the start-up (reading the
+    state, the schema, the GPUs: nothing launched yet) is abandoned and False returned.
+    Raises ``ValueError`` (a bad config) from the start."""
+    start = asyncio.ensure_future(sup.start())
+    stop = asyncio.ensure_future(stopping.requested.wait())
+    try:
+        await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if not start.done():
+        log.info("stopped while starting: the start-up is abandoned (nothing was launched)")
+        start.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await start
+        return False
+    start.result()
+    return True
+
+
+async def _stop_leftovers(settings: Settings, *, forced: bool) -> bool:
+    """Stop every process carrying this instance's launch tag (SIGTERM, ``stop_grace_s``,
+    SIGKILL; SIGKILL at once when ``forced``). At exit: the daemon leaves nothing of its
+    instance running, not even a server it had not adopted yet when a stop came during
+    start-up. False when something survived."""
+    t = settings.timeouts
+    report = await asyncio.to_thread(
+        teardown,
+        None,
+        tag_prefix=f"{instance_name(settings)}.",
+        grace_s=0.0 if forced else t.stop_grace_s,
+        kill_timeout_s=t.kill_timeout_s,
+    )
+    if report.members:
+        log.warning("stopped processes of this instance: %s", report.describe())
+    return report.clean
+
+
+async def serve(
+    settings: Settings,
+    log_level: str | None = None,
+    *,
+    signals: DaemonSignals | None = None,
+    load_settings: Callable[[], Settings] | None = None,
+) -> int:
     """Run the API and the supervisor until SIGTERM/SIGINT.
 
     In order: the token check, the state-dir lock, the API socket (so a second daemon
-    fails before touching anything), the supervisor's start, serving; on a signal, the
-    server is stopped and its GPUs verified released (or, with keep_server_on_exit, left
-    for the next daemon).
+    fails before touching anything), the supervisor's start, serving; on a signal (at
+    any point: ``signals`` has recorded them since the process began), the server is
+    stopped and its GPUs verified released (or, with keep_server_on_exit, left for the
+    next daemon). ``load_settings`` re-reads the config on SIGHUP; ``log_level`` given
+    (``--log-level``) wins over the config's.
     """
+    if signals is None:
+        signals = process_signals()
+        signals.install()
     try:
         token = load_token(settings.api.token_file)
         check_listen(settings.api.host, token)
@@ -120,7 +254,7 @@ async def serve(settings: Settings, log_level: str = "info") -> int:
         app,
         host=settings.api.host,
         port=settings.api.port,
-        log_level=log_level,
+        log_level=log_level or settings.log_level,
         lifespan="off",
         timeout_graceful_shutdown=5,
         access_log=False,
@@ -139,30 +273,48 @@ async def serve(settings: Settings, log_level: str = "info") -> int:
         sdnotify.notify(f"STATUS=server {new}: {reason[:200]}")
 
     sup.on_transition.append(on_transition)
-    server = uvicorn.Server(config)
-    # uvicorn re-raises the signal that stopped it once it returns, with the handler it
-    # found installed: make that ours, so a stop by signal still ends with our exit code.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
-    released = True
+    server = _ApiServer(config)
+
+    def reload() -> None:
+        if load_settings is None:
+            log.warning("reload (SIGHUP): no config to re-read; nothing changed")
+            return
+        now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        sdnotify.notify(f"RELOADING=1\nMONOTONIC_USEC={now_us}")
+        reload_settings(
+            load_settings, settings, app.state.access, log_level_pinned=log_level is not None
+        )
+        sdnotify.notify("READY=1")
+
+    stopping = _Stopping(sup, settings, app, server, reload)
+    signals.attach(asyncio.get_running_loop(), stopping.on_signal)
     try:
         try:
-            await sup.start()
+            started = await _start(sup, stopping)
         except ValueError as exc:  # a bad config: unknown GPU, invalid initial levers
             print(f"sglang-supervisor: {exc}", file=sys.stderr)
             return 2
-        notifier = asyncio.create_task(_notify_when_listening(server, sup))
-        try:
-            await server.serve(sockets=[sock])
-        finally:
-            notifier.cancel()
-            budget_us = int(sup.teardown_budget_s() * 1e6)
-            sdnotify.notify(
-                f"STOPPING=1\nEXTEND_TIMEOUT_USEC={budget_us}\n"
-                "STATUS=stopping the server and verifying GPU release"
-            )
+        if started and not stopping.requested.is_set():
+            notifier = asyncio.create_task(_notify_when_listening(server, sup))
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                notifier.cancel()
+        close_streams(app)
+        budget_us = int(sup.teardown_budget_s() * 1e6)
+        sdnotify.notify(
+            f"STOPPING=1\nEXTEND_TIMEOUT_USEC={budget_us}\n"
+            "STATUS=stopping the server and verifying GPU release"
+        )
     finally:
-        released = await sup.shutdown(keep_server=keep_server_on_exit(settings))
+        keep = keep_server_on_exit(settings)
+        released = await sup.shutdown(keep_server=keep, force=stopping.forced.is_set())
+        if stopping.killing is not None:
+            await stopping.killing
+        if not keep:
+            # What the supervisor had not adopted yet when a stop came during start-up.
+            released = await _stop_leftovers(settings, forced=stopping.forced.is_set()) and released
         sock.close()
+        signals.detach()
     # 1: the server was stopped but its GPUs could not be verified released (see the log).
     return 0 if released else 1

@@ -217,6 +217,22 @@ async def logs(
     )
 
 
+#: A comment line on an idle event stream this often, so proxies and clients see it alive.
+KEEP_ALIVE_S = 15.0
+
+
+async def _next_event(
+    queue: asyncio.Queue[dict[str, Any]], stop: asyncio.Future[Any], timeout_s: float
+) -> dict[str, Any] | None:
+    """The next event; None after ``timeout_s`` or when ``stop`` is done."""
+    get = asyncio.ensure_future(queue.get())
+    await asyncio.wait({get, stop}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    if get.done():
+        return get.result()
+    get.cancel()
+    return None
+
+
 @router.get("/events")
 async def events(
     request: Request,
@@ -225,16 +241,22 @@ async def events(
 ) -> StreamingResponse:
     """Server-sent events: state transitions, operation phases, release samples."""
 
+    closing: asyncio.Event = request.app.state.closing
+
     async def stream() -> AsyncIterator[str]:
         yield ": sglang-supervisor events\n\n"
-        with sup.events.subscription(replay=replay) as queue:
-            while not await request.is_disconnected():
-                try:
-                    event = await asyncio.wait_for(queue.get(), timeout=15)
-                except TimeoutError:
-                    yield ": keep-alive\n\n"
-                    continue
-                yield f"event: {event['kind']}\ndata: {json.dumps(redact(event))}\n\n"
+        stop = asyncio.ensure_future(closing.wait())
+        try:
+            with sup.events.subscription(replay=replay) as queue:
+                while not closing.is_set() and not await request.is_disconnected():
+                    event = await _next_event(queue, stop, KEEP_ALIVE_S)
+                    if event is None:
+                        if not closing.is_set():
+                            yield ": keep-alive\n\n"
+                        continue
+                    yield f"event: {event['kind']}\ndata: {json.dumps(redact(event))}\n\n"
+        finally:
+            stop.cancel()
 
     return StreamingResponse(
         stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}

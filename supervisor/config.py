@@ -22,7 +22,7 @@ import os
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -147,6 +147,8 @@ class Settings(_Section):
     #: model reload on a daemon upgrade). Pair with systemd KillMode=process and the
     #: cleanup ExecStopPost; $SGLANG_SUPERVISOR_KEEP_SERVER=1 sets it too.
     keep_server_on_exit: bool = False
+    #: The daemon's log level (``--log-level`` wins); SIGHUP re-reads it.
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
     api: ApiSettings = Field(default_factory=ApiSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)

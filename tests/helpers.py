@@ -162,7 +162,8 @@ class Daemon:
         #: Extra environment of the daemon process (e.g. its API token).
         self.env: dict[str, str] = {}
 
-    def start(self, wait_ready: bool = True) -> Daemon:
+    def spawn(self) -> subprocess.Popen[bytes]:
+        """Start the daemon's process and return at once (``start`` also waits)."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "api.cli", "serve", "--config", str(self.config_path)],
@@ -172,6 +173,10 @@ class Daemon:
             env={**{k: v for k, v in os.environ.items() if k != TAG_ENV}, **self.env},
         )
         log.close()
+        return self.proc
+
+    def start(self, wait_ready: bool = True) -> Daemon:
+        self.spawn()
         wait_until(self._healthy, 30, 0.05, "the daemon's /healthz")
         if wait_ready:
             self.wait_state("ready")

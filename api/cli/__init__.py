@@ -18,9 +18,20 @@ Where things are:
 
 from __future__ import annotations
 
+import sys
+
 
 def main(argv: list[str] | None = None) -> int:
-    """The console script ``sglang-supervisor`` (imports the command line only when run)."""
+    """The console script ``sglang-supervisor`` (imports the command line only when run).
+
+    For ``serve`` the daemon's signal handlers go in first, before any import of ours:
+    a SIGTERM while the daemon is still importing is then recorded and honoured, instead
+    of killing it on the spot (``api.daemon_signals``).
+    """
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["serve"]:
+        from api.daemon_signals import process_signals
+
+        process_signals().install()
     from api.cli.main import main as run
 
     return run(argv)

@@ -2,6 +2,6 @@
 
 import sys
 
-from api.cli.main import main
+from api.cli import main
 
 sys.exit(main())

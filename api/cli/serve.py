@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from api.daemon_signals import process_signals
 from supervisor.config import Settings
 
 DESCRIPTION = (
@@ -17,8 +22,11 @@ DESCRIPTION = (
     "control API, and changes the server's launch flags safely (validate with SGLang's own "
     "parser, drain, stop, verify the GPUs released, relaunch, roll back). SIGTERM or SIGINT "
     "stops it gracefully (the server is stopped and its GPUs verified released, or left "
-    "running with keep_server_on_exit). Exit 0 stopped cleanly; 1 the API could not "
-    "listen or the GPUs could not be verified released; 2 a configuration it refuses."
+    "running with keep_server_on_exit); a second one forces the stop (no drain, SIGKILL "
+    "now, the release still verified). SIGHUP reloads the token file, the timeouts, "
+    "keep_server_on_exit and the log level without touching the server. Exit 0 stopped "
+    "cleanly; 1 the API could not listen or the GPUs could not be verified released; 2 a "
+    "configuration it refuses."
 )
 
 
@@ -33,7 +41,11 @@ def add_serve_parser(sub: Any) -> None:
     p.add_argument("--state-dir", type=Path, help="where levers, history and logs are kept")
     p.add_argument("--server-port", type=int, help="the SGLang server's port (default 30000)")
     p.add_argument("--router-url", help="an sglang-router in front of this server ([router] url)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="default: the config's log_level (info); given here, a reload keeps it",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -54,15 +66,59 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Run the daemon until it is stopped; its exit code (see ``api.daemon``)."""
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    # First, before the server side's imports: a SIGTERM from now on is recorded and
+    # honoured once the daemon runs (``api.cli.main`` may have done it even earlier).
+    signals = process_signals()
+    signals.install()
     try:
         settings = settings_from_args(args)
     except ValueError as exc:
         print(f"sglang-supervisor: {exc}", file=sys.stderr)
         return 2
+    level = args.log_level or settings.log_level
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     from api.daemon import serve  # the server side, only when serving
 
-    return asyncio.run(serve(settings, args.log_level))
+    return run_until_stopped(
+        serve(
+            settings,
+            args.log_level,
+            signals=signals,
+            load_settings=lambda: settings_from_args(args),
+        )
+    )
+
+
+#: Name prefix of the daemon's worker threads (``asyncio.to_thread``).
+WORKERS = "sglang-supervisor-worker"
+
+
+def run_until_stopped(daemon: Coroutine[Any, Any, int]) -> int:
+    """``asyncio.run(daemon)``, except that a worker thread still blocked at the end (a
+    start-up abandoned by SIGTERM while it waited on SGLang's interpreter) is not waited
+    for: the daemon has stopped, so the process exits (logs flushed) without it."""
+    executor = ThreadPoolExecutor(thread_name_prefix=WORKERS)
+    with asyncio.Runner() as runner:
+        runner.get_loop().set_default_executor(executor)
+        code = runner.run(daemon)
+        # Runner.close() waits for every worker of the default executor: give it an idle one.
+        runner.get_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+    executor.shutdown(wait=False, cancel_futures=True)
+    workers = [t for t in threading.enumerate() if t.name.startswith(WORKERS)]
+    for t in workers:
+        t.join(timeout=1.0)  # idle workers leave at once
+    blocked = [t.name for t in workers if t.is_alive()]
+    if blocked:
+        logging.getLogger("supervisor").warning(
+            "exiting without waiting for %d blocked worker thread(s) of an abandoned start-up: %s",
+            len(blocked),
+            ", ".join(blocked),
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

@@ -1,0 +1,95 @@
+"""SIGHUP: re-read the config and apply what can change without touching the server.
+
+Reloaded: the bearer token (``$SGLANG_SUPERVISOR_TOKEN`` or ``[api] token_file``),
+``[api] metrics_public``, every ``[timeouts]`` value (each is read when next used),
+``keep_server_on_exit`` and ``log_level``. Everything else (the API address, the state
+dir, the instance, the server's GPUs, port and initial levers, the simulator) is logged
+as needing a daemon restart; a config that does not load, or an unsafe token, changes
+nothing (the error is logged and the daemon keeps its settings).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from api.auth import ApiAccess, AuthConfigError, check_listen, load_token
+from supervisor.config import Settings
+
+log = logging.getLogger("supervisor")
+
+#: Settings that take effect only when the daemon restarts (a SIGHUP logs them).
+RESTART_ONLY = ("simulate", "state_dir", "instance", "api.host", "api.port", "server", "sim")
+RESTART_ONLY_API = ("max_request_bytes",)
+
+
+def reload_settings(
+    load: Callable[[], Settings],
+    running: Settings,
+    access: ApiAccess,
+    *,
+    log_level_pinned: bool,
+) -> list[str]:
+    """Apply the reloadable part of ``load()`` to ``running`` (the daemon's and the
+    supervisor's settings object) and ``access``; returns what changed, one entry each."""
+    try:
+        new = load()
+    except ValueError as exc:
+        log.error("reload (SIGHUP): the config does not load, nothing changed: %s", exc)
+        return []
+    changed: list[str] = []
+    try:
+        token = load_token(new.api.token_file)
+        check_listen(running.api.host, token)
+    except AuthConfigError as exc:
+        log.error("reload (SIGHUP): the token stays as it was: %s", exc)
+    else:
+        if token != access.token:
+            access.token = token
+            changed.append("the API token" if token is not None else "the API token (removed)")
+        running.api.token_file = new.api.token_file
+    if new.api.metrics_public != access.metrics_public:
+        access.metrics_public = running.api.metrics_public = new.api.metrics_public
+        changed.append(f"api.metrics_public = {new.api.metrics_public}")
+    old_t, new_t = running.timeouts.model_dump(), new.timeouts.model_dump()
+    moved = [f"{k} {old_t[k]} -> {new_t[k]}" for k in new_t if new_t[k] != old_t[k]]
+    if moved:
+        running.timeouts = new.timeouts
+        changed.append("timeouts (" + ", ".join(moved) + ")")
+    if new.keep_server_on_exit != running.keep_server_on_exit:
+        running.keep_server_on_exit = new.keep_server_on_exit
+        changed.append(f"keep_server_on_exit = {new.keep_server_on_exit}")
+    if new.log_level != running.log_level:
+        running.log_level = new.log_level
+        if log_level_pinned:
+            log.warning(
+                "reload (SIGHUP): log_level %s in the config is overridden by --log-level",
+                new.log_level,
+            )
+        else:
+            apply_log_level(new.log_level)
+            changed.append(f"log_level = {new.log_level}")
+    stale = [name for name in RESTART_ONLY if _differs(running, new, name)]
+    stale += [f"api.{k}" for k in RESTART_ONLY_API if _differs(running.api, new.api, k)]
+    if stale:
+        log.warning(
+            "reload (SIGHUP): %s changed in the config; that takes a daemon restart "
+            "(systemctl restart; the server is adopted with keep_server_on_exit)",
+            ", ".join(stale),
+        )
+    log.info("reload (SIGHUP): %s", "; ".join(changed) if changed else "nothing to change")
+    return changed
+
+
+def _differs(a: object, b: object, dotted: str) -> bool:
+    for part in dotted.split("."):
+        a, b = getattr(a, part), getattr(b, part)
+    return bool(a != b)
+
+
+def apply_log_level(level: str) -> None:
+    """Set the daemon's log level (the root logger and uvicorn's)."""
+    value = getattr(logging, level.upper())
+    logging.getLogger().setLevel(value)
+    for name in ("uvicorn", "uvicorn.error"):
+        logging.getLogger(name).setLevel(value)
