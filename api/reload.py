@@ -19,7 +19,16 @@ from supervisor.config import Settings
 log = logging.getLogger("supervisor")
 
 #: Settings that take effect only when the daemon restarts (a SIGHUP logs them).
-RESTART_ONLY = ("simulate", "state_dir", "instance", "api.host", "api.port", "server", "sim")
+RESTART_ONLY = (
+    "simulate",
+    "state_dir",
+    "instance",
+    "api.host",
+    "api.port",
+    "server",
+    "sim",
+    "router",
+)
 RESTART_ONLY_API = ("max_request_bytes",)
 
 
