@@ -32,8 +32,8 @@ from supervisor.planner.inputs import (
     requested_max_running,
     speculative,
 )
-from supervisor.planner.memory import effective_fraction
-from supervisor.planner.model import ModelSpec
+from supervisor.planner.memory import effective_fraction, sglang_default_chunked_prefill
+from supervisor.planner.model import MiB, ModelSpec
 
 #: SGLang's default ``mamba_full_memory_ratio`` (``arg_groups/fields/schedule.py:220-227``).
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
@@ -113,6 +113,27 @@ def _mamba_slots(
     return slots, (max(0, slots) + 1) * per_slot
 
 
+def _swa_request_cap(
+    window: int | None, levers: Mapping[str, Any], attn_dp: int, default_chunk: int
+) -> int | None:
+    """SWA slots for the worst case at an explicit ``max_running_requests`` without the
+    radix cache (``compute_swa_request_cap``, pool_configurator.py:924-968); None when
+    SGLang sizes the SWA pool by the ratio instead (``:986-1003``)."""
+    running = lever_int(levers, "max_running_requests")
+    chunk = lever_int(levers, "chunked_prefill_size")
+    if window is None or not running or not lever_bool(levers, "disable_radix_cache"):
+        return None
+    if chunk is not None and chunk <= 0:
+        return None
+    if speculative(levers):
+        return None  # the speculative decode allocation is not modelled: use the ratio
+    eviction_interval, page = 128, 1
+    per_request = window + eviction_interval + page + page
+    chunks_in_flight = 1 if lever_bool(levers, "disable_overlap_schedule") else 2
+    worker_chunk = (chunk or default_chunk) // attn_dp
+    return per_request * max(1, running // attn_dp) + chunks_in_flight * worker_chunk + page
+
+
 def pools(model: ModelSpec, levers: Mapping[str, Any], gpu_bytes: int) -> Pools:
     """The pools of one rank for ``levers`` on a GPU of ``gpu_bytes``."""
     shape = model.shape
@@ -127,10 +148,21 @@ def pools(model: ModelSpec, levers: Mapping[str, Any], gpu_bytes: int) -> Pools:
         slots, taken = _mamba_slots(budget, c.mamba_state_bytes, levers, lay.attn_dp_size)
         rest = budget - taken
     tokens = max(0, int(rest // c.exact)) if c.exact > 0 else 0
+    swa = int(tokens * c.swa_full_tokens_ratio) if c.swa_layers else 0
+    swa_cap = _swa_request_cap(
+        shape.sliding_window,
+        levers,
+        lay.attn_dp_size,
+        sglang_default_chunked_prefill(gpu_bytes / MiB),
+    )
+    if c.swa_layers and c.full_layers and swa_cap is not None:
+        # SWARequestCapPoolConfigurator: the SWA pool sized from the request cap, the rest
+        # to the full pool (pool_configurator.py:971-1032).
+        swa = swa_cap
+        tokens = max(0, int((rest - swa * c.swa_bytes) // c.full_bytes))
     cap = parse_count(levers.get("max_total_tokens"))
     if cap is not None:
         tokens = min(tokens, cap)
-    swa = int(tokens * c.swa_full_tokens_ratio) if c.swa_layers else 0
     # max_running_requests (resolve_max_num_reqs).
     context = parse_count(levers.get("context_length")) or model.context_length or 4096
     requested = requested_max_running(levers)

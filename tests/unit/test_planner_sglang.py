@@ -203,3 +203,17 @@ def test_api_plan_reaches_the_simulator_only_through_the_backend() -> None:
         for alias in node.names
     }
     assert not [m for m in imported if m.startswith("supervisor.sim")]
+
+
+def test_swa_pool_is_sized_from_the_request_cap_without_the_radix_cache() -> None:
+    """gpt-oss TP8, disable_radix_cache, max_running_requests 64: SWA slots = 64 × (128
+    window + 128 eviction interval + 1 page + 1 decode page) + 2 × 8192 + 1 = 32,897
+    (pool_configurator.py:924-968); the full pool gets the rest at 4,608 B/token
+    (:1005-1032). The decode graphs are capped at 64 requests (memory_hook.py:182-188):
+    512 + 12288 + 1024 + 64 × 2 + 464 = 14416 MiB reserved, fraction 0.900."""
+    levers = {"tp_size": 8, "disable_radix_cache": True, "max_running_requests": 64}
+    cap = planner.capacity(planner_model("gpt-oss-120b"), levers, H200, 4096)
+    assert cap.swa_tokens_per_rank == 32_897
+    assert cap.mem_fraction_static == round((143771 - 14416) / 143771, 3) == 0.9
+    budget = 0.9 * H200 - 65_248_815_744 // 8
+    assert cap.kv_tokens_per_rank == int((budget - 32_897 * 4608) // 4608)
