@@ -230,6 +230,17 @@ def test_01_started_with_sglang_schema(ctx: Ctx) -> None:
     seen = [e2e.normal_uuid(r["uuid"]) for r in by_rank]
     if ctx.host.mode == "nvml":
         assert seen == [e2e.normal_uuid(g.uuid) for g in ctx.managed], seen
+    # What Prometheus scrapes: the server up, and the GPU memory NVML reports.
+    metrics = ctx.daemon.client.get("/metrics").text
+    assert "sglang_supervisor_server_up 1.0" in metrics, metrics[:2000]
+    used = ctx.host.used()
+    for g in ctx.managed:
+        line = next(
+            ln
+            for ln in metrics.splitlines()
+            if ln.startswith(f'sglang_supervisor_gpu_memory_used_bytes{{gpu="{g.index}"}}')
+        )
+        assert abs(float(line.split()[-1]) - used[g.index]) < 2**30, (line, used)
     ctx.figures.step(
         "start",
         server_pid=st["server"]["pid"],
@@ -402,11 +413,14 @@ def test_07_daemon_sigkill_then_adopted(ctx: Ctx) -> None:
 def test_08_daemon_sigterm_leaves_nothing(ctx: Ctx) -> None:
     ctx.ready()
     launcher, ranks = ctx.status()["server"]["pid"], ctx.rank_pids()
+    assert ctx.daemon.proc is not None
+    # Everything the daemon runs (the server, any helper in the server's interpreter).
+    kids = [p.pid for p in psutil.Process(ctx.daemon.proc.pid).children(recursive=True)]
     t0 = time.monotonic()
     assert ctx.daemon.stop(180) == 0, ctx.daemon.log()
     took = time.monotonic() - t0
     assert tagged_processes(ctx.daemon.instance) == []
-    assert not alive([launcher, *ranks])
+    assert not alive([launcher, *ranks, *kids]), [psutil.Process(p).cmdline() for p in alive(kids)]
     used = ctx.host.used()
     for g in ctx.managed:
         assert used[g.index] <= ctx.baseline[g.index] + TOL, (g.index, used, ctx.baseline)
