@@ -20,6 +20,7 @@ import logging
 import logging.handlers
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -100,6 +101,24 @@ async def _notify_when_listening(server: uvicorn.Server, sup: Supervisor) -> Non
         # Sent from the event loop: a blocked loop stops the pings and systemd notices.
         sdnotify.notify("WATCHDOG=1")
         await asyncio.sleep(interval)
+
+
+def listen_socket(config: uvicorn.Config) -> socket.socket:
+    """The API's listening socket, bound by uvicorn, with Nagle off on every connection.
+
+    uvicorn's ``bind_socket`` creates it with protocol 0, and asyncio sets TCP_NODELAY
+    only on accepted sockets whose protocol reads IPPROTO_TCP: every kept-alive answer
+    (written as headers, then body) then waited ~40 ms for the client's delayed ACK.
+    Re-wrapping the descriptor lets the kernel report the real protocol (TCP), and the
+    listener's own TCP_NODELAY is inherited by what it accepts. Raises ``SystemExit``
+    (uvicorn logged why) when it cannot bind.
+    """
+    bound = config.bind_socket()
+    if bound.family not in (socket.AF_INET, socket.AF_INET6):
+        return bound  # a Unix socket: no Nagle
+    sock = socket.socket(fileno=bound.detach())  # family, type and protocol read back
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 class _ApiServer(uvicorn.Server):
@@ -260,7 +279,7 @@ async def serve(
         access_log=False,
     )
     try:
-        sock = config.bind_socket()
+        sock = listen_socket(config)
     except SystemExit:  # uvicorn logged why (address in use...)
         print(
             f"sglang-supervisor: cannot listen on {settings.api.host}:{settings.api.port}",
