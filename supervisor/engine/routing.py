@@ -81,6 +81,6 @@ async def leave_and_drain(sup: Supervisor, op: Operation) -> None:
     if not sup.router.enabled:
         return
     serving = sup.state == S.READY
-    await leave(sup, op)
-    if serving:
+    # Still in a router that does not answer, it would keep getting requests: no drain.
+    if await leave(sup, op) and serving:
         await drain(sup, op, sup.settings.router.drain_timeout_s)

@@ -69,7 +69,8 @@ async def drain_or_cancel(sup: Supervisor, op: Operation, drain_s: float) -> boo
     try:
         if sup.state == S.READY and sup.router.enabled:
             left = await routing.leave(sup, op)
-            drain_s = routing.drain_bound(sup, drain_s)
+            if left:  # still in a router that does not answer: it would never drain
+                drain_s = routing.drain_bound(sup, drain_s)
         if drain_s > 0 and sup.state == S.READY:
             await drain(sup, op, drain_s)
         checkpoint(sup, op)
