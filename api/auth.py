@@ -1,8 +1,9 @@
 """Bearer-token authentication, request size limits and the audit log.
 
 The token comes from ``$SGLANG_SUPERVISOR_TOKEN`` or ``[api] token_file`` (refused when the
-file is readable by group or others). It is required on every call except ``/healthz``
-and, when ``metrics_public``, ``/metrics``; compared in constant time.
+file is readable by group or others). It is required on every call except :data:`PUBLIC_PATHS`
+(health, readiness, the status page and API docs) and, when ``metrics_public``, ``/metrics``;
+compared in constant time.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 TOKEN_ENV = "SGLANG_SUPERVISOR_TOKEN"
+#: Served without the token: liveness and readiness probes, the status page and the API
+#: docs (static: they ask for the token and send it on every call they make).
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/", "/ui", "/docs", "/openapi.json"})
 audit_log = logging.getLogger("supervisor.audit")
 
 
@@ -103,7 +107,7 @@ class GuardMiddleware:
             return
         path: str = scope["path"]
         token = self.access.token
-        public = path == "/healthz" or (self.access.metrics_public and path == "/metrics")
+        public = path in PUBLIC_PATHS or (self.access.metrics_public and path == "/metrics")
         if token is not None and not public:
             headers = dict(scope.get("headers") or [])
             given = headers.get(b"authorization", b"").decode(errors="replace")

@@ -32,6 +32,7 @@ from fastapi import FastAPI
 from api.app import close_streams, create_app
 from api.auth import AuthConfigError, check_listen, load_token
 from api.daemon_signals import DaemonSignals, process_signals
+from api.logsetup import UVICORN_LOG_CONFIG
 from api.reload import reload_settings
 from supervisor import sdnotify
 from supervisor.config import Settings, instance_name
@@ -277,6 +278,7 @@ async def serve(
         lifespan="off",
         timeout_graceful_shutdown=5,
         access_log=False,
+        log_config=UVICORN_LOG_CONFIG,  # uvicorn's lines go through api.logsetup's handler
     )
     try:
         sock = listen_socket(config)

@@ -8,18 +8,34 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from api.auth import audit
 from api.models import ApplyRequest
+from api.responses import (
+    BUSY,
+    INVALID,
+    NOT_FOUND,
+    RETRY_AFTER_S,
+    EventStreamResponse,
+    Health,
+    LeversAnswer,
+    OperationEnvelope,
+    OperationList,
+    PrometheusResponse,
+    Readiness,
+    StatusAnswer,
+    problem,
+)
 from supervisor.engine import Busy, NoSuchOperation, OperationFinished, Supervisor
 from supervisor.levers import LeverError
 from supervisor.metrics import SupervisorMetrics
 from supervisor.operations import Operation
 from supervisor.redact import redact
 from supervisor.serverlogs import log_for_launch
+from supervisor.states import ServerState
 from supervisor.telemetry import tail_lines
+from supervisor.version import version
 
 
 def get_supervisor(request: Request) -> Supervisor:
@@ -39,10 +55,19 @@ WaitQuery = Annotated[bool, Query(description="answer when the operation has end
 router = APIRouter()
 
 
+#: The answers of the routes that start an operation (POST /levers, /stop, /start, /restart).
+OPERATION_ANSWERS: dict[int | str, dict[str, Any]] = {
+    200: {"model": OperationEnvelope, "description": "the operation has ended (?wait=true)"},
+    202: {"model": OperationEnvelope, "description": "the operation runs; follow its id"},
+    409: BUSY,
+}
+
+
 def _busy(exc: Busy) -> HTTPException:
     return HTTPException(
         status_code=409,
         detail={"message": str(exc), "operation": exc.operation.id},
+        headers={"Retry-After": str(RETRY_AFTER_S)},
     )
 
 
@@ -53,19 +78,37 @@ async def _answer(op: Operation, wait: bool) -> JSONResponse:
     return JSONResponse({"operation": redact(op.to_json())}, status_code=code)
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=Health)
 async def healthz(sup: SupervisorDep) -> dict[str, Any]:
-    """The daemon itself is alive (says nothing about the SGLang server)."""
-    return {"ok": True, "state": str(sup.view().state)}
+    """The daemon itself is alive (says nothing about the SGLang server). No token."""
+    return {"ok": True, "state": str(sup.view().state), "version": version()}
 
 
-@router.get("/status")
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "the server is not ready"}},
+)
+async def readyz(sup: SupervisorDep) -> JSONResponse:
+    """200 only while the SGLang server is ready (answered /health_generate); 503 while
+    it starts, drains, stops, is in backoff or failed, or is stopped. No token: for load
+    balancers and Kubernetes readiness probes."""
+    view = sup.view()
+    ready = view.state == ServerState.READY
+    body = {"ready": ready, "state": str(view.state), "reason": view.state_reason}
+    return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@router.get("/status", response_model=StatusAnswer, response_model_exclude_unset=True)
 async def status(sup: SupervisorDep) -> dict[str, Any]:
-    return redact(await sup.status())
+    """The server's state and its reason, the server, levers against last-good, the GPUs
+    (memory, baseline, processes), the running and last operation, restarts, the load."""
+    return {"version": version(), **redact(await sup.status())}
 
 
-@router.get("/levers")
+@router.get("/levers", response_model=LeversAnswer, response_model_exclude_unset=True)
 async def get_levers(sup: SupervisorDep) -> dict[str, Any]:
+    """The current levers and environment, beside the last-good set."""
     view = sup.view()
     return redact(
         {
@@ -95,7 +138,12 @@ async def levers_schema(
     }
 
 
-@router.post("/levers", status_code=202)
+@router.post(
+    "/levers",
+    status_code=202,
+    response_model=OperationEnvelope,
+    responses={**OPERATION_ANSWERS, 422: INVALID},
+)
 async def post_levers(
     request: Request, body: ApplyRequest, sup: SupervisorDep, wait: WaitQuery = False
 ) -> Any:
@@ -134,17 +182,42 @@ async def post_levers(
     return await _answer(op, wait)
 
 
-@router.get("/operations/{op_id}")
+@router.get("/operations", response_model=OperationList, response_model_exclude_unset=True)
+async def list_operations(
+    sup: SupervisorDep,
+    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 20,
+) -> dict[str, Any]:
+    """Recent operations, newest first (the daemon keeps the last 200)."""
+    ops = list(sup.operations.values())[-limit:]
+    return {"operations": [redact(op.to_json()) for op in reversed(ops)]}
+
+
+@router.get(
+    "/operations/{op_id}",
+    response_model=OperationEnvelope,
+    response_model_exclude_unset=True,
+    responses={404: NOT_FOUND},
+)
 async def get_operation(op_id: str, sup: SupervisorDep) -> dict[str, Any]:
+    """One operation with its phases, in the envelope POST answers use."""
     op = sup.get_operation(op_id)
     if op is None:
         raise HTTPException(
             404, detail={"message": f"no operation {op_id!r} (the daemon keeps the last 200)"}
         )
-    return redact(op.to_json())
+    return {"operation": redact(op.to_json())}
 
 
-@router.post("/operations/{op_id}/cancel", status_code=202)
+@router.post(
+    "/operations/{op_id}/cancel",
+    status_code=202,
+    response_model=OperationEnvelope,
+    responses={
+        **OPERATION_ANSWERS,
+        404: NOT_FOUND,
+        409: problem("the operation has already ended (it is in detail.operation)"),
+    },
+)
 async def cancel_operation(
     request: Request, op_id: str, sup: SupervisorDep, wait: WaitQuery = False
 ) -> JSONResponse:
@@ -176,30 +249,50 @@ async def _control(request: Request, sup: Supervisor, kind: str, wait: bool) -> 
     return await _answer(op, wait)
 
 
-@router.post("/stop", status_code=202)
+@router.post(
+    "/stop", status_code=202, response_model=OperationEnvelope, responses=OPERATION_ANSWERS
+)
 async def stop(request: Request, sup: SupervisorDep, wait: WaitQuery = False) -> JSONResponse:
     """SIGTERM the server, SIGKILL after the grace period, verify the GPUs released."""
     return await _control(request, sup, "stop", wait)
 
 
-@router.post("/start", status_code=202)
+@router.post(
+    "/start", status_code=202, response_model=OperationEnvelope, responses=OPERATION_ANSWERS
+)
 async def start(request: Request, sup: SupervisorDep, wait: WaitQuery = False) -> JSONResponse:
+    """Start the server with the current levers (after the same preflight as an apply)."""
     return await _control(request, sup, "start", wait)
 
 
-@router.post("/restart", status_code=202)
+@router.post(
+    "/restart", status_code=202, response_model=OperationEnvelope, responses=OPERATION_ANSWERS
+)
 async def restart(request: Request, sup: SupervisorDep, wait: WaitQuery = False) -> JSONResponse:
+    """Stop, verify the GPUs released, start with the same levers."""
     return await _control(request, sup, "restart", wait)
 
 
-@router.get("/metrics")
-async def metrics(registry: MetricsDep, sup: SupervisorDep) -> Response:
-    """Prometheus exposition; GPU memory is sampled now (in a worker thread)."""
+@router.get(
+    "/metrics",
+    response_class=PrometheusResponse,
+    responses={200: {"description": "the Prometheus text exposition format"}},
+)
+async def metrics(registry: MetricsDep, sup: SupervisorDep) -> PrometheusResponse:
+    """Prometheus exposition; GPU memory is sampled now (in a worker thread). No token
+    with ``[api] metrics_public = true``."""
     body = await asyncio.to_thread(registry.render, sup.view())
-    return Response(body, media_type=CONTENT_TYPE_LATEST)
+    return PrometheusResponse(body)
 
 
-@router.get("/logs", response_class=PlainTextResponse)
+@router.get(
+    "/logs",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"description": "the lines; the X-Log-Path header names the file"},
+        404: NOT_FOUND,
+    },
+)
 async def logs(
     sup: SupervisorDep,
     tail: Annotated[int, Query(ge=0, le=100_000)] = 100,
@@ -233,12 +326,16 @@ async def _next_event(
     return None
 
 
-@router.get("/events")
+@router.get(
+    "/events",
+    response_class=EventStreamResponse,
+    responses={200: {"description": "server-sent events; `event:` is the kind, `data:` JSON"}},
+)
 async def events(
     request: Request,
     sup: SupervisorDep,
     replay: Annotated[bool, Query(description="first send the recent history")] = False,
-) -> StreamingResponse:
+) -> EventStreamResponse:
     """Server-sent events: state transitions, operation phases, release samples."""
 
     closing: asyncio.Event = request.app.state.closing
@@ -258,6 +355,4 @@ async def events(
         finally:
             stop.cancel()
 
-    return StreamingResponse(
-        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-    )
+    return EventStreamResponse(stream(), headers={"Cache-Control": "no-cache"})

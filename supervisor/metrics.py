@@ -267,8 +267,9 @@ class SupervisorMetrics:
         )
         build.add_metric([version(), python_version()], 1.0)
         self.registry.register(_Constant(build))
-        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds...
-        ProcessCollector(registry=self.registry)
+        # The daemon process: sglang_supervisor_process_cpu_seconds_total, _resident_memory_bytes,
+        # _open_fds... (one prefix for every name, as the design asks)
+        ProcessCollector(namespace=PREFIX, registry=self.registry)
         sup.on_operation_end.append(self.observe)
 
     def observe(self, op: Operation) -> None:

@@ -161,12 +161,22 @@ class Daemon:
         self.log_path = tmp / "daemon.log"
         #: Extra environment of the daemon process (e.g. its API token).
         self.env: dict[str, str] = {}
+        #: Extra options of ``serve`` (e.g. ``--log-format json``).
+        self.args: list[str] = []
 
     def spawn(self) -> subprocess.Popen[bytes]:
         """Start the daemon's process and return at once (``start`` also waits)."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "serve", "--config", str(self.config_path)],
+            [
+                sys.executable,
+                "-m",
+                "api.cli",
+                "serve",
+                "--config",
+                str(self.config_path),
+                *self.args,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

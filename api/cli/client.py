@@ -282,8 +282,11 @@ class Client:
         return self._json("GET", "/levers/schema", params={"q": word} if word else None)
 
     def operation(self, op_id: str) -> Json:
-        """``GET /operations/{id}``."""
-        return self._json("GET", f"/operations/{op_id}")
+        """``GET /operations/{id}``: the operation (the answer's ``operation`` envelope,
+        the one POST answers use; a daemon older than the envelope answered it bare)."""
+        body = self._json("GET", f"/operations/{op_id}")
+        inner = body.get("operation")
+        return inner if isinstance(inner, dict) else body
 
     def apply(
         self,

@@ -46,6 +46,13 @@ def add_serve_parser(sub: Any) -> None:
         choices=["debug", "info", "warning", "error"],
         help="default: the config's log_level (info); given here, a reload keeps it",
     )
+    p.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="the daemon's log lines (uvicorn's too): text, or one JSON object per line; "
+        "under systemd each line carries its journald priority",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -75,11 +82,9 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"sglang-supervisor: {exc}", file=sys.stderr)
         return 2
-    level = args.log_level or settings.log_level
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from api.logsetup import setup_logging
+
+    setup_logging(args.log_level or settings.log_level, getattr(args, "log_format", "text"))
     from api.daemon import serve  # the server side, only when serving
 
     return run_until_stopped(

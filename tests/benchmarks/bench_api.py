@@ -92,7 +92,7 @@ def _during_apply(d: Daemon, fraction: float) -> dict[str, Any]:
     op_id = r.json()["operation"]["id"]
     op: dict[str, Any] = {}
     while time.monotonic() < t0 + 60:
-        op = d.client.get(f"/operations/{op_id}").json()
+        op = d.client.get(f"/operations/{op_id}").json()["operation"]
         if op["state"] != "running":
             break
         time.sleep(0.05)

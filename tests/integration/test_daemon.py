@@ -248,7 +248,10 @@ def test_operation_is_readable_by_id_and_unknown_is_404(daemon_factory: type[Dae
     op = _op(d.apply({"chunked_prefill_size": 4096}, wait=False))
     assert op["state"] == "running"
     done = wait_until(
-        lambda: (o := d.client.get(f"/operations/{op['id']}").json())["state"] != "running" and o,
+        lambda: (
+            (o := d.client.get(f"/operations/{op['id']}").json()["operation"])["state"] != "running"
+            and o
+        ),
         30,
         0.05,
         "the operation to end",

@@ -52,7 +52,10 @@ def test_metrics_after_an_apply(daemon_factory: type[Daemon]) -> None:
         assert value(m, "gpu_memory_baseline_bytes", gpu=gpu) == 0
     assert value(m, "server_max_total_num_tokens") == status["server"]["max_total_num_tokens"]
     # Bounded labels only: no pid, no flag string.
-    for _name, labels in m:
+    for name, labels in m:
+        if name == PREFIX + "build_info":  # one series: the version is its whole point
+            assert set(dict(labels)) == {"version", "python_version"}
+            continue
         assert set(dict(labels)) <= {"state", "gpu", "kind", "outcome", "phase", "reason", "le"}
 
 

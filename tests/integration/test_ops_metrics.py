@@ -53,5 +53,5 @@ def test_operation_running_build_info_and_process_metrics(daemon_factory: type[D
 
     build = samples(d, "sglang_supervisor_build_info")
     assert len(build) == 1 and dict(next(iter(build)))["version"] == version()
-    rss = samples(d, "process_resident_memory_bytes")
+    rss = samples(d, "sglang_supervisor_process_resident_memory_bytes")
     assert rss and next(iter(rss.values())) > 10 * 2**20

@@ -44,7 +44,7 @@ def daemon() -> Iterator[tuple[str, StandIn]]:
             self.rfile.read(length)
             status, body = answer.status, answer.body
             if self.path.startswith("/operations/op42"):
-                status, body = 200, RUNNING_OP
+                status, body = 200, {"operation": RUNNING_OP}
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("content-type", "application/json")

@@ -1,0 +1,128 @@
+"""The daemon's log: one handler on the root logger, in one of two formats, for our lines
+and uvicorn's alike.
+
+- ``text`` (default): ``2026-01-01 12:00:00,000 INFO supervisor: ready -> stopping (...)``.
+- ``json``: one object per line — ``time`` (ISO 8601, UTC), ``level``, ``logger``,
+  ``message``, the ``extra`` fields a line carries (``operation_id``, ``kind``,
+  ``outcome``, ``duration_s``...) and ``exc_info`` with the traceback. Hand-written (30
+  lines) rather than python-json-logger: nothing else here needs that dependency.
+
+Under systemd (``$JOURNAL_STREAM`` names the stderr we write to), each line starts with
+its syslog priority (``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug), which
+journald strips and records: ``journalctl -p warning -u sglang-supervisor`` then shows
+rollbacks and crashes. The timestamp is left out there (journald adds its own).
+
+uvicorn must not install its own handlers: pass :data:`UVICORN_LOG_CONFIG` as
+``uvicorn.Config(log_config=...)``; its loggers then propagate to this handler.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+FORMATS = ("text", "json")
+#: ``uvicorn.Config(log_config=UVICORN_LOG_CONFIG)``: uvicorn configures no handlers.
+UVICORN_LOG_CONFIG: None = None
+#: syslog priorities (sd-daemon(3)) by logging level.
+_PRIORITY = {
+    logging.CRITICAL: 2,
+    logging.ERROR: 3,
+    logging.WARNING: 4,
+    logging.INFO: 6,
+    logging.DEBUG: 7,
+}
+#: LogRecord attributes that are not ``extra`` fields.
+_STANDARD = frozenset(
+    set(vars(logging.LogRecord("n", logging.INFO, "p", 1, "m", None, None)))
+    | {"message", "asctime", "taskName"}
+)
+
+
+def syslog_priority(levelno: int) -> int:
+    for level in (logging.CRITICAL, logging.ERROR, logging.WARNING, logging.INFO):
+        if levelno >= level:
+            return _PRIORITY[level]
+    return _PRIORITY[logging.DEBUG]
+
+
+def writes_to_journal(stream: TextIO) -> bool:
+    """True when ``stream`` is the journal stream systemd gave us (``$JOURNAL_STREAM`` is
+    ``<device>:<inode>`` of it; a redirected stderr under systemd does not match)."""
+    value = os.environ.get("JOURNAL_STREAM", "")
+    dev, _, ino = value.partition(":")
+    if not (dev.isdigit() and ino.isdigit()):
+        return False
+    try:
+        st = os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return st.st_dev == int(dev) and st.st_ino == int(ino)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                out[key] = value
+        if record.exc_info:
+            out["exc_info"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+class _Journal(logging.Formatter):
+    """Prefixes every line of ``inner``'s output with the record's syslog priority."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = f"<{syslog_priority(record.levelno)}>"
+        return "\n".join(prefix + line for line in self.inner.format(record).splitlines())
+
+
+def make_formatter(fmt: str, journal: bool) -> logging.Formatter:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown log format {fmt!r}; one of {', '.join(FORMATS)}")
+    inner: logging.Formatter
+    if fmt == "json":
+        inner = JsonFormatter()
+    elif journal:
+        inner = logging.Formatter("%(levelname)s %(name)s: %(message)s")
+    else:
+        inner = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return _Journal(inner) if journal else inner
+
+
+def setup_logging(level: str = "info", fmt: str = "text", stream: TextIO | None = None) -> None:
+    """Replace the root logger's handlers with one writing ``fmt`` to ``stream`` (stderr).
+
+    uvicorn's loggers (``uvicorn``, ``uvicorn.error``, ``uvicorn.access``) are cleared and
+    propagate here. Raises ``ValueError`` on an unknown format or level.
+    """
+    out = stream if stream is not None else sys.stderr
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r}")
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(make_formatter(fmt, writes_to_journal(out)))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(numeric)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True

@@ -1,0 +1,203 @@
+"""Response models of the control API, for its OpenAPI document (and so for generated
+clients): the status, an operation, the levers, and one error shape for every 4xx/5xx.
+
+The supervisor builds these answers as JSON itself; the models describe them. Each allows
+extra fields (``extra="allow"``): a field the supervisor adds later reaches clients
+before this file names it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# ------------------------------------------------------------------ errors
+
+
+class LeverProblem(_Open):
+    """One refused lever (or request field) and why."""
+
+    lever: str = Field(description="SGLang dest name, env.NAME, or the request field")
+    message: str
+
+
+class ErrorDetail(_Open):
+    message: str = Field(description="what happened and what to do")
+    problems: list[LeverProblem] | None = Field(
+        None, description="422: every refused lever or request field"
+    )
+    operation: str | dict[str, Any] | None = Field(
+        None,
+        description="409: the id of the running operation (a cancel of an ended one: that "
+        "operation)",
+    )
+
+
+class Problem(BaseModel):
+    """Every error answer: ``{"detail": {"message": ..., ...}}``."""
+
+    detail: ErrorDetail
+
+
+# ------------------------------------------------------------------ operations
+
+
+class PhaseModel(_Open):
+    name: str = Field(description="validate, preflight, drain, stop, release, start, ...")
+    state: str = Field(description="running, succeeded, failed, skipped")
+    started_at: str
+    ended_at: str | None = None
+    duration_s: float | None = None
+    detail: str = ""
+
+
+class OperationModel(_Open):
+    id: str
+    kind: str = Field(description="apply, stop, start, restart, recover, shutdown")
+    state: str = Field(description="running, succeeded, rolled_back, failed")
+    dry_run: bool = False
+    created_at: str
+    ended_at: str | None = None
+    duration_s: float | None = None
+    phases: list[PhaseModel] = Field(default_factory=list)
+    error: str | None = None
+    rollback_reason: str | None = None
+    log_tail: list[str] = Field(default_factory=list)
+    levers_requested: dict[str, Any] | None = None
+    levers_effective: dict[str, Any] | None = None
+
+
+class OperationEnvelope(BaseModel):
+    """``POST /levers``, ``/stop``, ``/start``, ``/restart`` and ``GET /operations/{id}``."""
+
+    operation: OperationModel
+
+
+class OperationList(BaseModel):
+    operations: list[OperationModel] = Field(description="newest first")
+
+
+# ------------------------------------------------------------------ levers and status
+
+
+class LeverSetModel(_Open):
+    levers: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, Any] = Field(default_factory=dict)
+
+
+class LeversAnswer(_Open):
+    levers: dict[str, Any] = Field(description="SGLang dest name -> value (secrets redacted)")
+    env: dict[str, Any]
+    last_good: LeverSetModel | None
+
+
+class GpuProcess(_Open):
+    pid: int
+    used_bytes: int | None = None
+    member: bool = Field(description="one of the server's processes (else foreign)")
+
+
+class GpuStatus(_Open):
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    baseline_bytes: int | None = None
+    processes: list[GpuProcess] = Field(default_factory=list)
+    error: str | None = Field(None, description="the GPU query failed")
+
+
+class ServerModel(_Open):
+    pid: int
+    url: str
+    started_at: str | None = None
+    ready_at: str | None = None
+    max_total_num_tokens: int | None = None
+    launch_tag: str | None = None
+    log_path: str | None = None
+
+
+class ThroughputModel(_Open):
+    gen_tokens_per_s: float | None = None
+    running_requests: float | None = None
+    queued_requests: float | None = None
+    token_usage: float | None = None
+    cache_hit_rate: float | None = None
+    generation_tokens_total: float | None = None
+    prompt_tokens_total: float | None = None
+    source: str | None = Field(None, description="metrics, log, or null")
+
+
+class StatusAnswer(_Open):
+    version: str = Field(description="the daemon's version")
+    state: str = Field(description="stopped, starting, ready, draining, stopping, ...")
+    state_reason: str
+    state_for_s: float
+    backend: str = Field(description="sglang or simulated")
+    server: ServerModel | None
+    levers: dict[str, Any]
+    env: dict[str, Any]
+    last_good_levers: LeverSetModel | None
+    gpus: list[GpuStatus]
+    operation: OperationModel | None
+    last_operation: dict[str, Any] | None
+    restarts: int
+    restarts_by_reason: dict[str, int]
+    throughput: ThroughputModel
+    warnings: list[str]
+
+
+class Health(BaseModel):
+    ok: bool
+    state: str
+    version: str
+
+
+class Readiness(BaseModel):
+    ready: bool
+    state: str
+    reason: str
+
+
+# ------------------------------------------------------------------ media types
+
+
+class PrometheusResponse(Response):
+    media_type = CONTENT_TYPE_LATEST
+
+
+class EventStreamResponse(StreamingResponse):
+    media_type = "text/event-stream"
+
+
+def problem(description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An OpenAPI ``responses`` entry with the error shape."""
+    out: dict[str, Any] = {"model": Problem, "description": description}
+    if headers:
+        out["headers"] = headers
+    return out
+
+
+RETRY_AFTER_S = 5
+BUSY = problem(
+    "another operation is running (its id in detail.operation); nothing was changed",
+    {
+        "Retry-After": {
+            "description": "seconds to wait before trying again",
+            "schema": {"type": "integer"},
+        }
+    },
+)
+INVALID = problem("the request or a lever was refused; nothing was changed")
+NOT_FOUND = problem("no such thing")
+UNAUTHORIZED = problem("a bearer token is required (Authorization: Bearer <token>)")
+TOO_LARGE = problem("the request body is over [api] max_request_bytes")

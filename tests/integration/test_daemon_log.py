@@ -1,0 +1,30 @@
+"""``serve --log-format json``: every line of the daemon's output is one JSON object —
+uvicorn's too — and a rolled-back apply ends with one WARNING line naming the reason."""
+
+from __future__ import annotations
+
+import json
+
+from tests.helpers import Daemon, wait_until
+
+
+def test_json_log_with_one_line_per_operation_end(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory()
+    d.args = ["--log-format", "json"]
+    d.start()
+    op = d.apply({"mem_fraction_static": 0.97}).json()["operation"]  # OOM at start
+    assert op["state"] == "rolled_back", op
+
+    def records() -> list[dict[str, object]]:
+        return [json.loads(line) for line in d.log_path.read_text().splitlines() if line]
+
+    ends = wait_until(
+        lambda: [r for r in records() if r.get("operation_id") == op["id"]],
+        10,
+        0.05,
+        "the operation's end line",
+    )
+    assert len(ends) == 1
+    assert ends[0]["level"] == "WARNING" and ends[0]["outcome"] == "rolled_back"
+    assert str(op["rollback_reason"])[:40] in str(ends[0]["message"])
+    assert any(str(r["logger"]).startswith("uvicorn") for r in records())

@@ -1,0 +1,80 @@
+"""The daemon's log lines: JSON with the operation's fields, journald priorities, one
+line per operation end at the level its outcome deserves."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from api.logsetup import setup_logging
+from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
+from supervisor.oplog import log_operation_end
+
+
+@pytest.fixture(autouse=True)
+def restore_root() -> object:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield None
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def ended(state: str, **kw: object) -> Operation:
+    op = Operation(kind="apply", **kw)  # type: ignore[arg-type]
+    op.finish(state, kw.get("error") if state != SUCCEEDED else None)  # type: ignore[arg-type]
+    return op
+
+
+def test_json_lines_carry_the_operations_outcome_and_level() -> None:
+    out = io.StringIO()
+    setup_logging("info", "json", stream=out)
+    op = ended(ROLLED_BACK)
+    op.rollback_reason = "the server exited during start: CUDA out of memory"
+    log_operation_end(op)
+    log_operation_end(ended(FAILED, error="rollback failed too: GPU 3 not released"))
+    log_operation_end(ended(SUCCEEDED))
+    logging.getLogger("uvicorn.error").info("Uvicorn running")  # uvicorn's, same format
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(x["level"], x.get("outcome")) for x in lines] == [
+        ("WARNING", "rolled_back"),
+        ("ERROR", "failed"),
+        ("INFO", "succeeded"),
+        ("INFO", None),
+    ]
+    assert "CUDA out of memory" in lines[0]["message"] and lines[0]["operation_id"] == op.id
+    assert "GPU 3 not released" in lines[1]["message"]
+    assert lines[3]["logger"] == "uvicorn.error" and lines[3]["message"] == "Uvicorn running"
+
+
+def test_journald_priorities_only_on_the_journal_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "journal"
+    with open(path, "w") as stream:
+        st = os.fstat(stream.fileno())
+        monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
+        setup_logging("debug", "text", stream=stream)
+        log = logging.getLogger("supervisor")
+        log.error("boom")
+        log.warning("careful")
+        log.info("fine")
+        log.debug("detail\nsecond line")
+    assert path.read_text().splitlines() == [
+        "<3>ERROR supervisor: boom",
+        "<4>WARNING supervisor: careful",
+        "<6>INFO supervisor: fine",
+        "<7>DEBUG supervisor: detail",
+        "<7>second line",
+    ]
+    # Another stream under the same $JOURNAL_STREAM (stderr redirected): no prefixes.
+    other = io.StringIO()
+    setup_logging("info", "text", stream=other)
+    logging.getLogger("supervisor").warning("careful")
+    assert " WARNING supervisor: careful" in other.getvalue()
+    assert not other.getvalue().startswith("<")
