@@ -27,6 +27,7 @@ EXPECTED: dict[tuple[str, str], set[int]] = {
     ("post", "/levers"): {200, 202, 401, 409, 413, 422},
     ("get", "/operations"): {200, 401, 422},
     ("get", "/operations/{op_id}"): {200, 401, 404},
+    ("post", "/operations/{op_id}/cancel"): {200, 202, 401, 404, 409, 422},
     ("post", "/stop"): {200, 202, 401, 409, 422},
     ("post", "/start"): {200, 202, 401, 409, 422},
     ("post", "/restart"): {200, 202, 401, 409, 422},
@@ -181,6 +182,21 @@ def test_openapi_lists_every_code_each_route_answers(daemon: Daemon) -> None:
     assert got["operation"]["state"] == "succeeded"
     listed = call("get", "/operations", "/operations", params={"limit": 2}).json()["operations"]
     assert listed[0]["id"] == op_id and len(listed) == 2  # newest first
+
+    # Cancel: unknown 404, ended 409, a running one 202 (200 with ?wait=true), bad wait 422.
+    cancel = "/operations/{op_id}/cancel"
+    call("post", cancel, "/operations/nope/cancel")
+    ended = call("post", cancel, f"/operations/{op_id}/cancel")
+    assert ended.status_code == 409 and ended.json()["detail"]["operation"]["id"] == op_id
+    call("post", cancel, f"/operations/{op_id}/cancel", params={"wait": "maybe"})
+    for wait in ("false", "true"):
+        slow = d.apply(
+            {"mem_fraction_static": 0.87}, env={"SGLANG_SIM_STARTUP_S": "5"}, wait=False
+        ).json()["operation"]
+        wait_until(lambda: d.status()["state"] == "starting", 20, 0.05, "the slow start")
+        r = call("post", cancel, f"/operations/{slow['id']}/cancel", params={"wait": wait})
+        assert r.status_code == (200 if wait == "true" else 202), r.text
+        d.wait_state("ready")
 
     # 200 with ?wait=true, 202 without, for stop/start/restart.
     assert call("post", "/restart", "/restart", params={"wait": "true"}).status_code == 200
