@@ -125,6 +125,10 @@ def run_rollout(args: argparse.Namespace) -> int:
             for client, replica in zip(clients, replicas, strict=True):
                 code = _apply_one(args, client, replica, levers, env)
                 if code != EXIT_OK:
+                    for rest in replicas:
+                        if rest.outcome == "validated":
+                            rest.outcome = "not started"
+                            rest.detail = f"the rollout stopped at {replica.url}"
                     break
     except KeyboardInterrupt:
         err("interrupted: an apply already submitted goes on in its daemon")
