@@ -274,7 +274,10 @@ class RouterLink:
         return f"{self._worker_url} was not in the router {where}"
 
     async def join(self) -> str:
-        await self.client.add(self._worker_url)
+        # Only when not listed: the router queues every POST /workers as a job, and a
+        # duplicate one still queued could re-add the worker after a later removal.
+        if await self.client.find(self._worker_url) is None:
+            await self.client.add(self._worker_url)
         w = await self.client.wait_listed(
             self._worker_url, healthy=True, timeout_s=self.settings.healthy_timeout_s
         )
