@@ -1,4 +1,4 @@
-"""Bearer-token authentication, request size limits and the audit log.
+"""Bearer-token authentication and request size limits (the audit log: ``api.audit``).
 
 The token comes from ``$SGLANG_SUPERVISOR_TOKEN`` or ``[api] token_file`` (refused when the
 file is readable by group or others). It is required on every call except :data:`PUBLIC_PATHS`
@@ -11,21 +11,20 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
-import logging
 import os
 import stat
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.audit import audit
+
 TOKEN_ENV = "SGLANG_SUPERVISOR_TOKEN"
 #: Served without the token: liveness and readiness probes, the status page and the API
 #: docs (static: they ask for the token and send it on every call they make).
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/", "/ui", "/docs", "/openapi.json"})
-audit_log = logging.getLogger("supervisor.audit")
 
 
 class AuthConfigError(ValueError):
@@ -147,21 +146,3 @@ class GuardMiddleware:
 
 class _TooLarge(Exception):
     pass
-
-
-def client_address(scope: Scope) -> str:
-    client = scope.get("client")
-    return f"{client[0]}:{client[1]}" if client else "unknown"
-
-
-def audit(scope: Scope, action: str, **fields: Any) -> None:
-    """One line per mutating call: who (address), what, and the outcome / lever diff."""
-    record = {
-        "time": time.time(),
-        "client": client_address(scope),
-        "method": scope.get("method"),
-        "path": scope.get("path"),
-        "action": action,
-        **fields,
-    }
-    audit_log.info("%s", json.dumps(record, sort_keys=True, default=str))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import logging.handlers
 import os
@@ -30,10 +29,12 @@ import uvicorn
 from fastapi import FastAPI
 
 from api.app import close_streams, create_app
+from api.audit import flush_suppressed
 from api.auth import AuthConfigError, check_listen, load_token
 from api.daemon_signals import DaemonSignals, process_signals
 from api.logsetup import UVICORN_LOG_CONFIG
 from api.reload import reload_settings
+from api.state_lock import StateDirBusy, lock_state_dir
 from supervisor import sdnotify
 from supervisor.config import Settings, instance_name
 from supervisor.engine import Supervisor
@@ -67,29 +68,6 @@ def _audit_to_file(settings: Settings) -> None:
     audit = logging.getLogger("supervisor.audit")
     audit.addHandler(handler)
     audit.setLevel(logging.INFO)
-
-
-def _lock_state_dir(settings: Settings) -> int:
-    """Hold ``<state_dir>/daemon.lock`` for the life of the process: one daemon per state
-    directory (a second would tear down the first one's server as a "leftover").
-
-    Raises ``RuntimeError`` naming the pid that holds it.
-    """
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
-    path = settings.state_dir / "daemon.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise RuntimeError(
-            f"another sglang-supervisor (pid {holder}) already runs on state dir "
-            f"{settings.state_dir}; stop it, or give this one its own --state-dir"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 async def _notify_when_listening(server: uvicorn.Server, sup: Supervisor) -> None:
@@ -256,7 +234,13 @@ async def serve(
         token = load_token(settings.api.token_file)
         check_listen(settings.api.host, token)
         read_api_key(settings.router)  # an unreadable router key file stops us here
-        _lock_state_dir(settings)
+        lock_state_dir(settings.state_dir)
+    except StateDirBusy as exc:
+        print(
+            f"sglang-supervisor: {exc}; stop it, or give this one its own --state-dir",
+            file=sys.stderr,
+        )
+        return 2
     except (AuthConfigError, RuntimeError) as exc:
         print(f"sglang-supervisor: {exc}", file=sys.stderr)
         return 2
@@ -276,6 +260,8 @@ async def serve(
         port=settings.api.port,
         log_level=log_level or settings.log_level,
         lifespan="off",
+        # The audit log names the socket's peer, never an X-Forwarded-For header.
+        proxy_headers=False,
         timeout_graceful_shutdown=5,
         access_log=False,
         log_config=UVICORN_LOG_CONFIG,  # uvicorn's lines go through api.logsetup's handler
@@ -336,6 +322,7 @@ async def serve(
             # What the supervisor had not adopted yet when a stop came during start-up.
             released = await _stop_leftovers(settings, forced=stopping.forced.is_set()) and released
         sock.close()
+        flush_suppressed()
         signals.detach()
     # 1: the server was stopped but its GPUs could not be verified released (see the log).
     return 0 if released else 1

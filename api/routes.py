@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from api.auth import audit
+from api.audit import audit
 from api.models import ApplyRequest
 from api.responses import (
     BUSY,

@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 STATE_FILE = "state.json"
 PREV_FILE = "state.prev.json"
 HISTORY_FILE = "operations.jsonl"
+#: operations.jsonl is rotated before it grows past this (operations.jsonl.1 is the newest
+#: of the ``HISTORY_BACKUPS`` older files): the history stays bounded on disk.
+HISTORY_MAX_BYTES = 16 << 20
+HISTORY_BACKUPS = 3
 FORMAT = 1
 
 
@@ -186,10 +190,25 @@ class Store:
             atomic_write(current, text)
 
     def append_history(self, record: dict[str, Any]) -> None:
-        """Append one finished operation to ``operations.jsonl`` (best effort)."""
+        """Append one finished operation to ``operations.jsonl`` (best effort), rotating
+        it first when the line would take it past ``HISTORY_MAX_BYTES``."""
+        line = json.dumps(record, sort_keys=True) + "\n"
+        path = self.dir / HISTORY_FILE
         with self._lock:
             try:
-                with open(self.dir / HISTORY_FILE, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(record, sort_keys=True) + "\n")
+                size = path.stat().st_size if path.exists() else 0
+                if size and size + len(line.encode()) > HISTORY_MAX_BYTES:
+                    self._rotate_history(path)
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write(line)
             except OSError as exc:
-                log.warning("cannot append to %s: %s", self.dir / HISTORY_FILE, exc)
+                log.warning("cannot append to %s: %s", path, exc)
+
+    @staticmethod
+    def _rotate_history(path: Path) -> None:
+        """operations.jsonl -> .1 -> .2 ... -> .HISTORY_BACKUPS (the oldest dropped)."""
+        for n in range(HISTORY_BACKUPS - 1, 0, -1):
+            older = path.with_name(f"{path.name}.{n}")
+            if older.exists():
+                os.replace(older, path.with_name(f"{path.name}.{n + 1}"))
+        os.replace(path, path.with_name(f"{path.name}.1"))

@@ -6,6 +6,11 @@ runs on ``systemctl stop``, on ``systemctl restart`` and after a crash alike; wi
 ``--only-if-stopped`` the cleanup happens only on a real stop: not when the service failed
 (``$SERVICE_RESULT`` other than ``success``: the restarted daemon adopts the server) and
 not when a start or restart job for the unit is queued.
+
+It refuses while a daemon runs on the state directory (its lock is held): that server is
+the daemon's to stop (``systemctl stop``, or ``POST /stop``), never ours to kill under it.
+``--state-dir`` is ``serve``'s: with no ``instance`` configured, the instance (and so the
+launch tag) is derived from the state directory.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from api.state_lock import daemon_holding
 from supervisor.config import instance_name, load_settings
 
 DESCRIPTION = (
@@ -25,7 +31,8 @@ DESCRIPTION = (
     "left running) and verify nothing of it is left. Meant for systemd's ExecStopPost= in "
     "the keep-server drop-in; with --only-if-stopped it does nothing while systemd restarts "
     "the service or after a failure (the next daemon adopts the server). Exit 0 nothing of "
-    "the instance is left (or skipped), 1 something is, 2 a bad configuration."
+    "the instance is left (or skipped), 1 something is, 2 refused: a bad configuration, or "
+    "the daemon still runs on the state dir (stop it instead)."
 )
 
 
@@ -36,6 +43,9 @@ def add_cleanup_parser(sub: Any) -> None:
         description=DESCRIPTION,
     )
     p.add_argument("--config", type=Path, help="the daemon's TOML config (instance, timeouts)")
+    p.add_argument(
+        "--state-dir", type=Path, help="the daemon's state dir (as given to serve --state-dir)"
+    )
     p.add_argument(
         "--only-if-stopped",
         action="store_true",
@@ -71,10 +81,20 @@ def restart_pending(unit: str) -> str | None:
 
 def run_cleanup(args: argparse.Namespace) -> int:
     """0 when nothing of the instance is left (or the cleanup was skipped), else 1."""
+    overrides = {"state_dir": str(args.state_dir) if args.state_dir else None}
     try:
-        settings = load_settings(args.config, {})
+        settings = load_settings(args.config, overrides)
     except ValueError as exc:
         print(f"sglang-supervisor cleanup: {exc}", file=sys.stderr)
+        return 2
+    pid = daemon_holding(settings.state_dir)
+    if pid is not None:
+        print(
+            f"sglang-supervisor cleanup: refused: the daemon (pid {pid}) still runs on state "
+            f"dir {settings.state_dir} and owns the server; stop the daemon instead "
+            "(systemctl stop sglang-supervisor, or sglang-supervisor stop for the server alone)",
+            file=sys.stderr,
+        )
         return 2
     if args.only_if_stopped:
         why = restart_pending(args.unit)

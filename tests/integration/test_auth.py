@@ -36,6 +36,8 @@ def test_token_is_required_except_on_healthz(daemon_factory: type[Daemon]) -> No
     assert wrong.status_code == 401
     d.client.headers["Authorization"] = f"Bearer {TOKEN}"
     d.wait_state("ready")
+    # A header naming another caller is not who the audit log records.
+    d.client.headers["X-Forwarded-For"] = "203.0.113.9"
     r = d.apply({"mem_fraction_static": 0.8})
     assert r.json()["operation"]["state"] == "succeeded"
     anon.close()
@@ -43,6 +45,7 @@ def test_token_is_required_except_on_healthz(daemon_factory: type[Daemon]) -> No
     lines = [json.loads(x) for x in (d.dir / "state" / "audit.log").read_text().splitlines()]
     applied = [x for x in lines if x["action"] == "apply" and x["outcome"] == "accepted"]
     assert applied and applied[0]["client"].startswith("127.0.0.1:")
+    assert all("203.0.113.9" not in str(x) for x in lines)
     assert applied[0]["diff"] == {"mem_fraction_static": {"old": 0.85, "new": 0.8}}
     assert any(x["action"] == "refused" for x in lines)
 
