@@ -239,12 +239,26 @@ async def cancel_operation(
 
 
 async def _control(request: Request, sup: Supervisor, kind: str, wait: bool) -> JSONResponse:
-    submit = {"stop": sup.submit_stop, "start": sup.submit_start, "restart": sup.submit_restart}
     try:
-        op = submit[kind]()
+        if kind == "stop":
+            op = sup.submit_stop()
+        elif kind == "start":
+            op = await sup.submit_start()
+        else:
+            op = await sup.submit_restart()
     except Busy as exc:
         audit(request.scope, kind, outcome="busy", running=exc.operation.id)
         raise _busy(exc) from exc
+    except LeverError as exc:  # preflight: the server was not touched
+        problems = redact([p.to_json() for p in exc.problems])
+        audit(request.scope, kind, outcome="refused", problems=problems)
+        raise HTTPException(
+            status_code=422,
+            detail={
+                "message": f"{kind} refused by preflight; nothing was changed",
+                "problems": problems,
+            },
+        ) from exc
     audit(request.scope, kind, outcome="accepted", operation=op.id)
     return await _answer(op, wait)
 

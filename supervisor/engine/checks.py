@@ -11,19 +11,21 @@ import time
 from typing import TYPE_CHECKING
 
 from supervisor import preflight as host_preflight
+from supervisor.engine.errors import Busy
 from supervisor.engine.server import flags, members_now
 from supervisor.gpu import GpuQueryError, GpuSample
 from supervisor.levers import LeverError, LeverProblem, LeverSet, check_levers
 from supervisor.operations import FAILED, Operation
-from supervisor.phases import PhaseName
+from supervisor.phases import OpKind, PhaseName
 from supervisor.sglang_parser import ParserUnavailable, check_argv, lever_for_message
-from supervisor.states import IDLE_STATES
+from supervisor.states import IDLE_STATES, ServerState
 from supervisor.units import fmt_gib
 
 if TYPE_CHECKING:
     from supervisor.engine.supervisor import Supervisor
 
 log = logging.getLogger("supervisor")
+S = ServerState
 
 
 async def before_the_stop(
@@ -43,6 +45,23 @@ async def before_the_stop(
         (PhaseName.VALIDATE, validate_detail, t_validate),
         (PhaseName.PREFLIGHT, "GPUs, host RAM, port, model path", t_preflight),
     ]
+
+
+async def before_a_relaunch(sup: Supervisor) -> None:
+    """Everything knowable before a start or restart of the current levers is checked
+    before anything is stopped: busy, then the same preflight an apply runs (a foreign
+    process on a GPU, host RAM, the port). Raises ``Busy`` or ``LeverError``."""
+    if sup.shutdown_requested:
+        raise Busy(Operation(kind=OpKind.SHUTDOWN))
+    current = sup.operation
+    waiting_restart = (
+        current is not None and current.kind == OpKind.RECOVER and sup.state == S.BACKOFF
+    )
+    if current is not None and not current.finished and not waiting_restart:
+        raise Busy(current)
+    problems = await preflight(sup, sup.levers)
+    if problems:
+        raise LeverError(problems)
 
 
 async def validate(sup: Supervisor, requested: LeverSet) -> tuple[LeverSet, str]:

@@ -9,11 +9,10 @@ one operation runs at a time (``Busy`` otherwise). Readers take a frozen ``view(
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,8 @@ from supervisor.config import Settings, instance_name
 from supervisor.engine import checks, startup, transaction
 from supervisor.engine.errors import Busy, NoSuchOperation, OperationFinished
 from supervisor.engine.journal import Journal
+from supervisor.engine.registry import MAX_OPERATIONS, OperationRegistry
 from supervisor.engine.server import (
-    Cancelled,
     ServerInfo,
     teardown_budget,
 )
@@ -33,8 +32,8 @@ from supervisor.events import EventBus
 from supervisor.gpu import GpuInfo, GpuSample
 from supervisor.health import HealthChecker
 from supervisor.levers import LeverSet, canonical_names
-from supervisor.operations import FAILED, SUCCEEDED, Operation
-from supervisor.phases import OpKind, OpState
+from supervisor.operations import SUCCEEDED, Operation
+from supervisor.phases import OpKind
 from supervisor.router import NoRouter, WorkerLink
 from supervisor.schema import FlagSchema
 from supervisor.sglang_parser import LoadedSchema
@@ -45,8 +44,6 @@ from supervisor.telemetry import Throughput
 log = logging.getLogger("supervisor")
 S = ServerState
 
-#: Operations kept for GET /operations/{id} (dry runs included).
-MAX_OPERATIONS = 200
 CANCEL_REASON = "cancelled by an operator (POST /operations/{id}/cancel)"
 
 TransitionHook = Callable[[ServerState, ServerState, str], None]
@@ -82,9 +79,7 @@ class Supervisor:
         self.poll_s = poll_s
         self.events = EventBus()
         self.on_transition: list[TransitionHook] = []
-        self.on_operation_end: list[Callable[[Operation], None]] = []
-        self.operation_counts: dict[tuple[str, str], int] = {}
-        self.last_apply_success_time: float | None = None
+        self.ops = OperationRegistry(self.events, self.journal, self._contain)
 
         self.state = S.STOPPED
         self.state_since = clock()
@@ -98,10 +93,6 @@ class Supervisor:
         self.restarts = 0
         self.restarts_by_reason: dict[str, int] = {}
         self.crash_times: deque[float] = deque()
-        self.operation: Operation | None = None
-        #: The last operation that ended (its error explains a failed start, say).
-        self.last_operation: Operation | None = None
-        self.operations: dict[str, Operation] = {}
         self.warnings: list[str] = []
         #: Whether SGLang's own parser (in settings.server.python) validates levers too.
         self.schema_live = False
@@ -116,7 +107,6 @@ class Supervisor:
         #: Set by a second request: no drain, SIGKILL without a grace period.
         self.shutdown_forced = False
         self._started = False
-        self._op_task: asyncio.Task[None] | None = None
         self._shutdown_task: asyncio.Future[bool] | None = None
         #: The member pids /status showed last, and when (see view.members_for_display).
         self.members_cache: tuple[float, set[int]] | None = None
@@ -128,6 +118,26 @@ class Supervisor:
         #: still running or queued at its end (None: unknown or no drain yet).
         self.last_drain_s: float | None = None
         self.last_drain_left: float | None = None
+
+    # --------------------------------------------------------- the operations
+
+    @property
+    def operation(self) -> Operation | None:
+        """The running operation (None: none runs)."""
+        return self.ops.current
+
+    @property
+    def operations(self) -> dict[str, Operation]:
+        """The kept operations by id, oldest first."""
+        return self.ops.kept
+
+    @property
+    def on_operation_end(self) -> list[Callable[[Operation], None]]:
+        """Hooks called with each operation that ends (the metrics' histograms)."""
+        return self.ops.on_end
+
+    def _begin(self, kind: OpKind, requested: LeverSet | None) -> Operation:
+        return self.ops.begin(kind, requested, closing=self.shutdown_requested)
 
     # ------------------------------------------------------------------ states
 
@@ -177,7 +187,7 @@ class Supervisor:
         self._started = True
         self.watch.start()
         op = self._begin(OpKind.START, None)
-        self._run(op, startup.initial_start(self, op))
+        self.ops.run(op, startup.initial_start(self, op))
 
     def teardown_budget_s(self) -> float:
         """The longest a shutdown may take: the rest of a drain in progress (unless
@@ -225,13 +235,13 @@ class Supervisor:
         try:
             if not self._started:
                 return True
-            task = self._op_task
+            task = self.ops.task
             if task is not None and not task.done():
                 await asyncio.wait({task})  # ends at its next phase boundary
             await self.watch.stop()
             op = Operation(kind=OpKind.SHUTDOWN)
             if not keep_server:
-                self._register(op)
+                self.ops.keep(op)
             return await transaction.shut_down(self, op, keep_server=keep_server)
         finally:
             await self.health.aclose()
@@ -240,99 +250,15 @@ class Supervisor:
 
     # -------------------------------------------------------------- operations
 
-    def _register(self, op: Operation) -> None:
-        """Keep ``op`` for GET /operations/{id}; the oldest finished ones go past the cap."""
-        self.operations[op.id] = op
-        if len(self.operations) > MAX_OPERATIONS:
-            for old_id in [i for i, o in self.operations.items() if o.finished]:
-                if len(self.operations) <= MAX_OPERATIONS:
-                    break
-                del self.operations[old_id]
-
-    def _begin(self, kind: OpKind, requested: LeverSet | None) -> Operation:
-        if self.shutdown_requested:
-            raise Busy(Operation(kind=OpKind.SHUTDOWN))
-        current = self.operation
-        if current is not None and not current.finished:
-            raise Busy(current)
-        op = Operation(
-            kind=kind, levers_requested=None if requested is None else requested.to_json()
-        )
-        op.listener = self._publish_phase
-        self.operation = op
-        self._register(op)
-        self.events.publish("operation", id=op.id, op_kind=kind, state="running")
-        return op
-
-    def _publish_phase(self, op: Operation, phase: dict[str, Any]) -> None:
-        self.events.publish("phase", operation=op.id, op_kind=op.kind, **phase)
-
-    def _run(self, op: Operation, coro: Coroutine[Any, Any, None]) -> None:
-        async def runner() -> None:
-            try:
-                await coro
-            except Cancelled as exc:  # a shutdown, or a cancel with nothing to roll back
-                if not op.finished:
-                    op.finish(FAILED, str(exc))
-            except asyncio.CancelledError:
-                if not op.finished:
-                    op.finish(FAILED, "cancelled: the daemon is shutting down")
-                raise
-            except Exception as exc:  # a bug: never leave the operation or the state hanging
-                log.exception("operation %s (%s) crashed", op.id, op.kind)
-                if not op.finished:
-                    await self._contain(op, exc)
-            finally:
-                if not op.finished:
-                    op.finish(SUCCEEDED)
-                self._operation_ended(op)
-                with contextlib.suppress(Exception):
-                    await self.journal.append_history(op.to_json())
-                if self.operation is op:
-                    self.operation = None
-
-        self._op_task = asyncio.create_task(runner(), name=f"op-{op.kind}-{op.id}")
-
     async def _contain(self, op: Operation, exc: Exception) -> None:
-        try:
-            await transaction.contain(self, op, exc)
-        except Cancelled as stop:  # the shutdown tears down what is left
-            if not op.finished:
-                op.finish(FAILED, str(stop))
-        except Exception as again:
-            log.exception("operation %s (%s): cleaning up after the error failed", op.id, op.kind)
-            why = f"internal error: {type(exc).__name__}: {exc}; cleaning up failed: {again}"
-            if not op.finished:
-                op.finish(FAILED, why)
-            transaction.fail_state(self, f"{why}; POST /stop, then /start")
-
-    def _operation_ended(self, op: Operation) -> None:
-        if op.reported:
-            return
-        op.reported = True
-        self.last_operation = op
-        key = (str(op.kind), str(op.state))
-        self.operation_counts[key] = self.operation_counts.get(key, 0) + 1
-        if op.kind == OpKind.APPLY and op.state == OpState.SUCCEEDED:
-            self.last_apply_success_time = time.time()
-        for hook in self.on_operation_end:
-            hook(op)
-        self.events.publish("operation", id=op.id, op_kind=op.kind, state=op.state, error=op.error)
+        await transaction.contain_or_fail(self, op, exc)
 
     def _preempt_backoff(self) -> None:
         """An operator's request wins over a restart that is only waiting out its backoff."""
         op = self.operation
-        if (
-            op is not None
-            and op.kind == OpKind.RECOVER
-            and self.state == S.BACKOFF
-            and self._op_task is not None
-        ):
+        if op is not None and op.kind == OpKind.RECOVER and self.state == S.BACKOFF:
             # Safe to cancel: in backoff the recovery only waits (no OS step runs).
-            self._op_task.cancel()
-            op.finish(FAILED, "superseded by an operator's request during backoff")
-            self.operation = None
-            self._operation_ended(op)
+            self.ops.supersede(op, "superseded by an operator's request during backoff")
 
     def on_crash(self, kind: str, reason: str) -> None:
         """The watcher saw the ready server exit (``crash``) or stop answering (``hung``)."""
@@ -342,11 +268,11 @@ class Supervisor:
         log.warning("server %s: %s", kind, reason)
         op = self._begin(OpKind.RECOVER, self.levers)
         op.rollback_reason = reason
-        self._run(op, transaction.recover(self, op, reason))
+        self.ops.run(op, transaction.recover(self, op, reason))
 
     def get_operation(self, op_id: str) -> Operation | None:
         """A kept operation (the last ``MAX_OPERATIONS``), running or finished."""
-        return self.operations.get(op_id)
+        return self.ops.kept.get(op_id)
 
     def request_cancel(self, op_id: str) -> Operation:
         """Ask operation ``op_id`` to end at its next phase boundary; returns it at once.
@@ -359,7 +285,7 @@ class Supervisor:
         A stop cannot be undone and runs to its end. Asking twice is asking once.
         Raises ``NoSuchOperation`` (unknown id) or ``OperationFinished`` (already ended).
         """
-        op = self.operations.get(op_id)
+        op = self.ops.kept.get(op_id)
         if op is None:
             raise NoSuchOperation(
                 f"no operation {op_id!r} (the daemon keeps the last {MAX_OPERATIONS})"
@@ -405,7 +331,7 @@ class Supervisor:
         checked, passed = await checks.before_the_stop(self, requested)  # LeverError
         if dry_run:
             op = Operation(kind=OpKind.APPLY, levers_requested=checked.to_json(), dry_run=True)
-            self._register(op)
+            self.ops.keep(op)
         else:
             self._preempt_backoff()
             op = self._begin(OpKind.APPLY, checked)  # Busy if another started meanwhile
@@ -420,26 +346,40 @@ class Supervisor:
             op.phases[-1].detail += f"; would change {', '.join(diff) or 'nothing'}"
             return op
         drain = min(max(0.0, drain_timeout_s), self.settings.timeouts.max_drain_s)
-        self._run(op, transaction.apply(self, op, checked, drain))
+        self.ops.run(op, transaction.apply(self, op, checked, drain))
         return op
 
     def submit_stop(self) -> Operation:
+        """Stop the server and verify its GPUs released; it stays stopped (across daemon
+        restarts too) until an operator starts it. Raises ``Busy``."""
         self._preempt_backoff()
         op = self._begin(OpKind.STOP, None)
-        self._run(op, transaction.stop(self, op))
+        self.ops.run(op, transaction.stop(self, op))
         return op
 
-    def submit_start(self) -> Operation:
+    async def submit_start(self) -> Operation:
+        """Start the current levers (nothing to do while a live server is ready). Raises
+        ``LeverError`` when preflight refuses them (nothing touched) or ``Busy``."""
+        if not self._serving():
+            await checks.before_a_relaunch(self)
         self._preempt_backoff()
         op = self._begin(OpKind.START, self.levers)
-        self._run(op, transaction.start(self, op))
+        self.ops.run(op, transaction.start(self, op))
         return op
 
-    def submit_restart(self) -> Operation:
+    async def submit_restart(self) -> Operation:
+        """Stop, verify release, start the same levers. Preflight runs first, as for an
+        apply: ``LeverError`` (the healthy server untouched) or ``Busy``."""
+        await checks.before_a_relaunch(self)
         self._preempt_backoff()
         op = self._begin(OpKind.RESTART, self.levers)
-        self._run(op, transaction.restart(self, op))
+        self.ops.run(op, transaction.restart(self, op))
         return op
+
+    def _serving(self) -> bool:
+        """Ready, with the launcher alive."""
+        server = self.server
+        return self.state == S.READY and server is not None and not server.handle.poll()
 
     # ------------------------------------------------------------------ views
 

@@ -191,11 +191,13 @@ async def stop(sup: Supervisor, op: Operation) -> None:
 
 async def start(sup: Supervisor, op: Operation) -> None:
     """An operator's start: from stopped (or failed, after cleaning up), the current levers."""
-    if sup.state == S.READY:
+    server = sup.server
+    if sup.state == S.READY and server is not None and not server.handle.poll():
         op.levers_effective = sup.levers.to_json()
         op.phase(PhaseName.START).end(SUCCEEDED, "already ready; nothing to do")
         op.finish(SUCCEEDED)
         return
+    # A launcher that died before the watcher noticed is cleaned up like any leftover.
     members = await asyncio.to_thread(members_now, sup)
     # From a verified stopped state with nothing of ours left, there is nothing to
     # release (and memory a foreign process holds must not be waited for).
@@ -309,6 +311,21 @@ async def contain(sup: Supervisor, op: Operation, exc: Exception) -> None:
     second = op.rollback_reason
     await stop_and_release(sup, op, f"{why}; {second}", S.FAILED, prefix=PhasePrefix.CLEANUP)
     op.finish(FAILED, f"{why}; starting the last-good levers also failed: {second}")
+
+
+async def contain_or_fail(sup: Supervisor, op: Operation, exc: Exception) -> None:
+    """``contain``; if even that raises, ``failed`` with both reasons (``fail_state``)."""
+    try:
+        await contain(sup, op, exc)
+    except Cancelled as stop:  # the shutdown tears down what is left
+        if not op.finished:
+            op.finish(FAILED, str(stop))
+    except Exception as again:
+        log.exception("operation %s (%s): cleaning up after the error failed", op.id, op.kind)
+        why = f"internal error: {type(exc).__name__}: {exc}; cleaning up failed: {again}"
+        if not op.finished:
+            op.finish(FAILED, why)
+        fail_state(sup, f"{why}; POST /stop, then /start")
 
 
 def fail_state(sup: Supervisor, why: str) -> None:

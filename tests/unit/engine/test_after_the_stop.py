@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
+import pytest
+
+from api.app import create_app
+from supervisor.levers import LeverError
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
 from tests.unit.engine.common import HELD_PER_RANK, S, apply, nothing_held, settle, state_of
-from tests.unit.fakes import INITIAL_LEVERS, Behaviour, make_rig, run, until
+from tests.unit.fakes import GIB, INITIAL_LEVERS, Behaviour, make_rig, run, until
 
 GOOD = {"levers": INITIAL_LEVERS, "env": {}}
 
@@ -64,7 +69,7 @@ def test_levers_change_only_at_commit_even_when_the_rollback_cannot_release(
         assert status["levers"] == INITIAL_LEVERS
         assert status["last_good_levers"] == GOOD
         rig.procs.release_stuck()
-        start = await settle(rig, rig.sup.submit_start())
+        start = await settle(rig, await rig.sup.submit_start())
         assert start.state == SUCCEEDED, start.error
         argv = rig.procs.spawns[-1].argv
         assert argv[argv.index("--mem-fraction-static") + 1] == "0.8"
@@ -97,5 +102,59 @@ def test_a_server_unhealthy_in_probation_is_rolled_back_and_never_last_good(
         assert rig.procs.current() is rig.procs.handles[2]
         await rig.sup.shutdown()
         assert nothing_held(rig)
+
+    run(main)
+
+
+# ------------------------------------------------ start, restart: preflight first
+
+
+def test_restart_with_a_foreign_process_on_a_gpu_is_refused_before_the_stop(
+    tmp_path: Path,
+) -> None:
+    """A process that is not ours holds 10 GiB on GPU 1: a restart is refused with its
+    pid named, like an apply, and the healthy server is not touched."""
+    rig = make_rig(tmp_path)
+
+    async def main() -> None:
+        await rig.start_ready()
+        serving = rig.procs.handles[0]
+        rig.probe.hold(99_999, 1, 10 * GIB)
+        with pytest.raises(LeverError, match="pid 99999"):
+            await rig.sup.submit_restart()
+        assert rig.procs.current() is serving
+        assert rig.procs.teardowns == []
+        assert state_of(rig) == S.READY
+        app = create_app(rig.sup)
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            r = await client.post("/restart")
+        assert r.status_code == 422
+        assert "pid 99999" in r.text
+        assert rig.procs.current() is serving and len(rig.procs.spawns) == 1
+        rig.probe.free(99_999)
+        await rig.sup.shutdown()
+
+    run(main)
+
+
+def test_start_just_after_the_launcher_died_cleans_up_and_starts(tmp_path: Path) -> None:
+    """The launcher died (its ranks orphaned, still holding memory) and the watcher has
+    not noticed yet: a start must not answer 'already ready'."""
+    rig = make_rig(tmp_path)
+
+    async def main() -> None:
+        await rig.start_ready()
+        await rig.sup.watch.stop()  # the crash is not noticed before the operator's start
+        dead = rig.procs.handles[0]
+        rig.procs.crash(dead, orphan_ranks=True)
+        op = await settle(rig, await rig.sup.submit_start())
+        assert op.state == SUCCEEDED, op.error
+        assert "nothing to do" not in str([p.detail for p in op.phases])
+        assert len(rig.procs.spawns) == 2
+        assert not set(dead.rank_pids) & rig.procs.alive_pids()
+        assert (await rig.sup.status())["server"]["pid"] == rig.procs.handles[1].pid
+        assert rig.probe.above_baseline() == {0: HELD_PER_RANK, 1: HELD_PER_RANK}
+        await rig.sup.shutdown()
 
     run(main)

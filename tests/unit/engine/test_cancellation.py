@@ -20,7 +20,7 @@ import pytest
 
 from api.app import create_app
 from supervisor.engine import NoSuchOperation, OperationFinished
-from supervisor.engine import supervisor as engine_supervisor
+from supervisor.engine import registry as engine_registry
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
 from tests.unit.engine.common import HELD_PER_RANK, S, nothing_held, settle, state_of
 from tests.unit.fakes import DEFAULT_METRICS, INITIAL_LEVERS, Behaviour, make_rig, run, until
@@ -239,7 +239,7 @@ def test_dry_runs_count_toward_the_operation_cap(
     """Dry runs are kept for GET /operations/{id} like any other, within the same cap;
     an operation still running is never the one dropped."""
     cap = 20  # MAX_OPERATIONS (200) dry runs take long on a busy machine; the rule is the same
-    monkeypatch.setattr(engine_supervisor, "MAX_OPERATIONS", cap)
+    monkeypatch.setattr(engine_registry, "MAX_OPERATIONS", cap)
     rig = make_rig(tmp_path, ready_timeout_s=600.0)
 
     async def main() -> None:

@@ -82,7 +82,7 @@ def test_transition_backoff_to_failed_on_a_crash_loop(tmp_path: Path) -> None:
         assert rig.sup.restarts == 0
         assert nothing_held(rig)
         # An operator's start brings it back.
-        start = await settle(rig, rig.sup.submit_start())
+        start = await settle(rig, await rig.sup.submit_start())
         assert start.state == SUCCEEDED
         assert state_of(rig) == S.READY
         await rig.sup.shutdown()
@@ -98,7 +98,7 @@ def test_a_crash_after_an_operator_start_from_failed_is_restarted(tmp_path: Path
         rig.procs.plan(Behaviour(exit_on_start=1), Behaviour(exit_on_start=1))
         rig.procs.crash(rig.procs.handles[0])
         await until(lambda: idle(rig, S.FAILED))
-        await settle(rig, rig.sup.submit_start())
+        await settle(rig, await rig.sup.submit_start())
         assert state_of(rig) == S.READY
         # The operator fixed the cause; much later, one unrelated crash.
         rig.procs.crash(rig.procs.handles[-1])

@@ -42,11 +42,11 @@ def test_operator_stop_then_start(tmp_path: Path) -> None:
             ("stopping", "releasing"),
             ("releasing", "stopped"),
         ]
-        start = await settle(rig, rig.sup.submit_start())
+        start = await settle(rig, await rig.sup.submit_start())
         assert start.state == SUCCEEDED
         assert state_of(rig) == S.READY
         assert rig.procs.spawns[1].argv == rig.procs.spawns[0].argv
-        again = await settle(rig, rig.sup.submit_start())
+        again = await settle(rig, await rig.sup.submit_start())
         assert phase_detail(again, "start") == "already ready; nothing to do"
         assert len(rig.procs.spawns) == 2
         await rig.sup.shutdown()

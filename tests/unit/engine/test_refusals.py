@@ -45,9 +45,11 @@ def test_a_second_operation_while_one_runs_is_busy(tmp_path: Path) -> None:
         with pytest.raises(Busy) as info:
             await rig.sup.submit_apply({"mem_fraction_static": 0.7}, {})
         assert op.id in str(info.value)
-        for submit in (rig.sup.submit_stop, rig.sup.submit_start, rig.sup.submit_restart):
+        with pytest.raises(Busy):
+            rig.sup.submit_stop()
+        for submit in (rig.sup.submit_start, rig.sup.submit_restart):
             with pytest.raises(Busy):
-                submit()
+                await submit()
         rig.procs.handles[1].held = False
         await settle(rig, op)
         assert op.state == SUCCEEDED

@@ -50,7 +50,7 @@ def test_shutdown_stops_releases_and_is_idempotent(tmp_path: Path) -> None:
         assert state_of(rig) == S.STOPPED
         assert len(rig.procs.teardowns) == teardowns
         with pytest.raises(Busy):
-            rig.sup.submit_start()
+            await rig.sup.submit_start()
         assert Store(tmp_path).load().server is None
 
     run(main)

@@ -91,7 +91,7 @@ def test_spawn_env_names_gpus_by_uuid_and_tags_each_launch(
     async def main() -> None:
         await rig.start_ready()
         await apply(rig, {"mem_fraction_static": 0.85}, env={"NCCL_DEBUG": "INFO"})
-        await settle(rig, rig.sup.submit_restart())
+        await settle(rig, await rig.sup.submit_restart())
         first, second, third = rig.procs.spawns
         uuids = f"{probe.gpus[1].uuid},{probe.gpus[0].uuid}"
         for record in rig.procs.spawns:
@@ -210,7 +210,7 @@ def test_a_foreign_process_on_a_managed_gpu_blocks_the_initial_launch(tmp_path: 
         assert 99_999 in rig.probe.holders  # never killed
         # Once the GPU is free, an operator's start launches.
         rig.probe.free(99_999)
-        start = await settle(rig, rig.sup.submit_start())
+        start = await settle(rig, await rig.sup.submit_start())
         assert start.state == SUCCEEDED
         assert state_of(rig) == S.READY
         await rig.sup.shutdown()
@@ -228,7 +228,7 @@ def test_the_foreign_process_warning_goes_once_the_server_serves(tmp_path: Path)
         assert op is not None
         await settle(rig, op)
         rig.probe.free(99_999)
-        await settle(rig, rig.sup.submit_start())
+        await settle(rig, await rig.sup.submit_start())
         status = await rig.sup.status()
         assert status["state"] == "ready"
         assert not any("99999" in w for w in status["warnings"])
