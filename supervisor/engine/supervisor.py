@@ -358,10 +358,10 @@ class Supervisor:
         return op
 
     async def submit_start(self) -> Operation:
-        """Start the current levers (nothing to do while a live server is ready). Raises
-        ``LeverError`` when preflight refuses them (nothing touched) or ``Busy``."""
-        if not self._serving():
-            await checks.before_a_relaunch(self)
+        """Start the current levers (nothing to do while a live server is ready; a dead
+        launcher's leftovers are cleaned up first). It stops no healthy server, so a
+        foreign process on a GPU fails the operation, named, rather than the request.
+        Raises ``Busy``."""
         self._preempt_backoff()
         op = self._begin(OpKind.START, self.levers)
         self.ops.run(op, transaction.start(self, op))
@@ -375,11 +375,6 @@ class Supervisor:
         op = self._begin(OpKind.RESTART, self.levers)
         self.ops.run(op, transaction.restart(self, op))
         return op
-
-    def _serving(self) -> bool:
-        """Ready, with the launcher alive."""
-        server = self.server
-        return self.state == S.READY and server is not None and not server.handle.poll()
 
     # ------------------------------------------------------------------ views
 

@@ -199,9 +199,22 @@ def test_crash_after_ready_restarts_then_crash_loop_fails(daemon_factory: type[D
     assert op["state"] == "succeeded"
 
 
+def test_server_unhealthy_within_probation_is_rolled_back(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory().start()  # probation_s 0.5
+    before = d.status()["server"]["pid"]
+    op = _op(d.apply(env={"SGLANG_SIM_FAULTS": "unhealthy_after=0.1"}))
+    assert op["state"] == "rolled_back"
+    assert "unhealthy within the probation window" in op["rollback_reason"]
+    s = d.status()
+    assert s["last_good_levers"]["env"] == {} and s["env"] == {}
+    assert s["state"] == "ready" and s["server"]["pid"] != before
+
+
 def test_unhealthy_server_is_restarted(daemon_factory: type[Daemon]) -> None:
     d = daemon_factory().start()
-    assert _op(d.apply(env={"SGLANG_SIM_FAULTS": "unhealthy_after=0.5"}))["state"] == "succeeded"
+    # Unhealthy only after the probation window (0.5 s): the apply succeeds, then the
+    # liveness probes find it hung.
+    assert _op(d.apply(env={"SGLANG_SIM_FAULTS": "unhealthy_after=1.5"}))["state"] == "succeeded"
     hung = d.status()["server"]["pid"]
     s = wait_until(
         lambda: (st := d.status())["restarts_by_reason"].get("hung") and st,
