@@ -78,9 +78,19 @@ class Busy(HttpError):
 
     @property
     def operation_id(self) -> str | None:
-        if isinstance(self.detail, dict) and self.detail.get("operation"):
-            return str(self.detail["operation"])
-        return None
+        op = self.detail.get("operation") if isinstance(self.detail, dict) else None
+        if isinstance(op, dict):  # an operation envelope
+            op = op.get("id")
+        return str(op) if op else None
+
+
+class Ended(HttpError):
+    """409 to a cancel: the operation has already ended; ``operation`` is its record."""
+
+    @property
+    def operation(self) -> Json:
+        op = self.detail.get("operation") if isinstance(self.detail, dict) else None
+        return op if isinstance(op, dict) else {}
 
 
 class Unauthorized(HttpError):
@@ -335,6 +345,20 @@ class Client:
             params={"wait": "true" if wait else "false"},
             timeout_s=None if not wait else OPERATION_WAIT_S,
         )
+        return dict(data["operation"])
+
+    def cancel(self, op_id: str, *, wait: bool = False) -> Json:
+        """``POST /operations/{id}/cancel``: the operation ends at its next phase boundary
+        and rolls back; returns it. Raises ``NotFound`` (unknown id) or ``Ended`` (409)."""
+        try:
+            data = self._json(
+                "POST",
+                f"/operations/{op_id}/cancel",
+                params={"wait": "true" if wait else "false"},
+                timeout_s=None if not wait else OPERATION_WAIT_S,
+            )
+        except Busy as exc:  # 409 here: it has already ended (detail.operation is it)
+            raise Ended(exc.status, str(exc), exc.detail, exc.body) from None
         return dict(data["operation"])
 
     def logs(self, tail: int = 100, launch: int = 0) -> LogText:

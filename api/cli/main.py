@@ -17,14 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from api.cli.cleanup import add_cleanup_parser, run_cleanup
+from api.cli.completion import add_completion_parser, completion_script
 from api.cli.exits import EPILOG, EXIT_ERROR
 from api.cli.inspect_commands import cmd_events, cmd_levers, cmd_logs, cmd_schema, cmd_status
-from api.cli.operation_commands import cmd_apply, cmd_control
+from api.cli.operation_commands import cmd_apply, cmd_cancel, cmd_control
 from api.cli.options import add_client_options, add_follow_options
 from api.cli.plan import add_plan_parser, run_plan
 from api.cli.rollout import add_rollout_parser, run_rollout
 from api.cli.runner import ClientCommand, run_client_command
 from api.cli.serve import add_serve_parser, run_serve
+from supervisor.version import version
 
 
 def _client_parser(
@@ -92,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Own an SGLang server; change its launch flags safely.",
         epilog=EPILOG,
     )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {version()}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_parser(sub)
     _client_parser(sub, "status", cmd_status, "the server's state, levers, GPUs and load")
@@ -106,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
             "Exit 0 succeeded, 4 failed, 5 busy (another operation runs)."
         )
         add_follow_options(_client_parser(sub, name, cmd_control, text, described))
+
+    p = _client_parser(
+        sub, "cancel", cmd_cancel, "end the running operation at its next phase; roll back"
+    )
+    p.add_argument("operation", nargs="?", help="the operation's id (default: the running one)")
+    add_follow_options(p)
 
     p = _client_parser(sub, "logs", cmd_logs, "the server's log (one file per launch)")
     p.add_argument("-n", "--lines", type=int, default=100, metavar="N", help="last N lines")
@@ -123,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_parser(sub)
     add_rollout_parser(sub)
     add_cleanup_parser(sub)
+    add_completion_parser(sub)
     return parser
 
 
@@ -133,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_serve(args)
     if args.command == "cleanup":
         return run_cleanup(args)
+    if args.command == "completion":
+        print(completion_script(parser, args.shell), end="")
+        return 0
     try:
         if args.command == "plan":
             return run_plan(args)

@@ -1,13 +1,16 @@
-"""Commands that start an operation and follow it live: apply, stop, start, restart."""
+"""Commands that start an operation and follow it live: apply, stop, start, restart; and
+``cancel``, which ends one at its next phase boundary. Ctrl-C while following offers the
+cancel (on a terminal); the operation otherwise goes on in the daemon."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import math
+import sys
 
-from api.cli.client import Client, ClientError, Json
-from api.cli.exits import EXIT_INTERRUPTED, EXIT_OK, UsageError, outcome_exit
+from api.cli.client import Client, ClientError, Ended, Json
+from api.cli.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, UsageError, outcome_exit
 from api.cli.follow import OperationFollower
 from api.cli.levers_input import lever_changes_from_args
 from api.cli.output import err, out, print_json
@@ -87,11 +90,13 @@ def follow_operation(
     try:
         final = follower.follow(op)
     except KeyboardInterrupt:
-        err(
-            f"interrupted: operation {op_id} goes on in the daemon "
-            "(`sglang-supervisor status` shows it)"
-        )
-        return EXIT_INTERRUPTED
+        if not _cancel_on_interrupt(args, client, str(op_id)):
+            return EXIT_INTERRUPTED
+        try:
+            final = follower.follow(client.operation(str(op_id)))
+        except KeyboardInterrupt:
+            err(f"interrupted again: operation {op_id} ends in the daemon")
+            return EXIT_INTERRUPTED
     if args.json:
         print_json(final)
         return outcome_exit(final.get("state"))
@@ -132,3 +137,56 @@ def report_outcome(client: Client, op: Json, width: int, live_log_lines: int = 0
     if state != "rolled_back":
         out("see `sglang-supervisor status` for what runs now")
     return outcome_exit(state)
+
+
+def _cancel_on_interrupt(args: argparse.Namespace, client: Client, op_id: str) -> bool:
+    """Ctrl-C while following: on a terminal, offer to cancel the operation; True when it
+    was cancelled (and is to be followed to its end)."""
+    if args.json or not sys.stdin.isatty():
+        err(
+            f"interrupted: operation {op_id} goes on in the daemon (`sglang-supervisor status` "
+            f"shows it; `sglang-supervisor cancel {op_id}` ends it and rolls back)"
+        )
+        return False
+    try:
+        answer = input(
+            f"\ninterrupted: cancel operation {op_id}? It ends at its next phase boundary "
+            "and rolls back to the last-good levers [y/N] "
+        )
+    except (EOFError, KeyboardInterrupt):
+        answer = ""
+    if answer.strip().lower() not in ("y", "yes"):
+        err(f"operation {op_id} goes on in the daemon (`sglang-supervisor status` shows it)")
+        return False
+    try:
+        client.cancel(op_id)
+    except Ended:
+        return True  # it ended meanwhile: follow shows how
+    out(f"cancel requested: operation {op_id} ends at its next phase boundary")
+    return True
+
+
+def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
+    """Cancel an operation (default: the running one): it ends at its next phase
+    boundary (a hung start or a long drain stops waiting) and rolls back to the last-good
+    levers; shown as it happens. Exit as the operation ends (3 rolled back, 4 failed, 0
+    succeeded), 1 when no operation runs or it had already ended."""
+    op_id = args.operation
+    if op_id is None:
+        running = client.status().get("operation")
+        if not isinstance(running, dict) or not running.get("id"):
+            raise ClientError("no operation is running: nothing to cancel")
+        op_id = str(running["id"])
+    emit = None if args.json else out
+    with OperationFollower(client, emit, use_events=not args.poll) as follower:
+        if not args.no_wait:
+            follower.prepare()
+        try:
+            op = client.cancel(op_id)
+        except Ended as exc:
+            if args.json:
+                print_json(exc.body)
+            ended = exc.operation
+            err(f"operation {op_id} has already ended: {ended.get('state', 'finished')}")
+            return EXIT_ERROR
+        return follow_operation(args, client, follower, op, None)
