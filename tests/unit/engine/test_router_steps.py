@@ -80,7 +80,7 @@ def test_stop_keeps_it_out_and_start_puts_it_back(tmp_path: Path) -> None:
         assert op.state == "succeeded"
         assert not router.listed and rig.sup.view().router is not None
         assert [p.name for p in op.phases][:2] == ["router_remove", "drain"]
-        op = await settle(rig, rig.sup.submit_start())
+        op = await settle(rig, await rig.sup.submit_start())
         assert op.state == "succeeded" and router.listed
         await rig.sup.shutdown()
 
