@@ -97,6 +97,33 @@ def test_children_that_setsid_are_found_by_tag(tmp_path: Path, trees: list[Tree]
     assert report.clean and t.alive() == []
 
 
+def test_members_outside_the_group_get_their_own_sigterm(tmp_path: Path, trees: list[Tree]) -> None:
+    """Ranks that left the group (setsid) exit on SIGTERM like the rest: the signal goes
+    to every member, not only to the group. SIGKILL is never needed."""
+    t = Tree(tmp_path, "--children", "2", "--grandchildren", "--setsid", expect=5)
+    trees.append(t)
+    leader = t.launch.pid
+    assert all(os.getpgid(p) != leader for p in t.pids() if p != leader)
+    report = t.teardown(grace_s=10.0)
+    assert report.clean and t.alive() == []
+    assert report.sigkill_sent == [] and report.kill_after_s is None, report.describe()
+
+
+def test_an_untagged_member_of_the_group_is_found(tmp_path: Path, trees: list[Tree]) -> None:
+    """A process of the launcher's group with no launch tag and no descendant of the
+    launcher (its parent exited) is still a member: it ignores SIGTERM and gets SIGKILL."""
+    t = Tree(tmp_path, "--untagged-orphan", expect=2)
+    trees.append(t)
+    leader = t.launch.pid
+    (orphan,) = [p for p in t.pids() if p != leader]
+    assert os.getpgid(orphan) == leader
+    assert orphan not in {c.pid for c in psutil.Process(leader).children(recursive=True)}
+    assert b"SGLANG_SUPERVISOR_INSTANCE=" not in Path(f"/proc/{orphan}/environ").read_bytes()
+    report = t.teardown(grace_s=0.3)
+    assert orphan in report.sigkill_sent
+    assert report.clean and t.alive() == []
+
+
 def test_orphans_of_a_killed_leader_are_found_by_tag(tmp_path: Path, trees: list[Tree]) -> None:
     t = Tree(tmp_path, "--children", "3", "--setsid", expect=4)
     trees.append(t)

@@ -1,12 +1,15 @@
 """A misbehaving process tree for teardown tests (stdlib only).
 
     python tree.py READY_DIR [--children N] [--grandchildren] [--ignore-term] [--setsid]
-                   [--spawn-late-s S]
+                   [--spawn-late-s S] [--untagged-orphan]
 
 Every process writes ``READY_DIR/<pid>`` once its signal handlers are in place, then sleeps
 until killed. ``--ignore-term``: every process ignores SIGTERM. ``--setsid``: children leave
 the process group and session. ``--spawn-late-s``: the leader spawns one more child that
 long after receiving SIGTERM (a process born during the grace period).
+``--untagged-orphan``: the leader starts, through a short-lived middle process, one more
+that ignores SIGTERM, has no launch tag in its environment and is no descendant of the
+leader (re-parented when the middle one exits): a member only by its process group.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def main() -> None:
     p.add_argument("--ignore-term", action="store_true")
     p.add_argument("--setsid", action="store_true")
     p.add_argument("--spawn-late-s", type=float, default=0.0)
+    p.add_argument("--untagged-orphan", action="store_true")
     p.add_argument("--role", default="leader")
     a = p.parse_args()
     if a.role != "leader" and a.setsid:
@@ -46,6 +50,12 @@ def main() -> None:
     base = [sys.executable, __file__, a.ready_dir]
     flags = (["--ignore-term"] if a.ignore_term else []) + (["--setsid"] if a.setsid else [])
     kids = []
+    if a.role == "leader" and a.untagged_orphan:
+        untagged = {k: v for k, v in os.environ.items() if k != "SGLANG_SUPERVISOR_INSTANCE"}
+        kids.append(subprocess.Popen([*base, "--role", "middle"], env=untagged))
+    if a.role == "middle":  # start the orphan and leave at once: it is re-parented
+        subprocess.Popen([*base, "--ignore-term", "--role", "orphan"])
+        return
     if a.role == "leader":
         for _ in range(a.children):
             extra = ["--children", "1"] if a.grandchildren else []

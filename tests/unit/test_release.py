@@ -6,12 +6,15 @@ tolerance, for ``consecutive`` samples in a row; a failed query is never "zero".
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Collection
+from pathlib import Path
 
 import pytest
 
 from supervisor.gpu import ReleaseResult, resolve_gpus, wait_released
-from tests.unit.fakes import GIB, MIB, FakeClock, FakeProbe
+from supervisor.states import ServerState
+from tests.unit.fakes import GIB, MIB, FakeClock, FakeProbe, make_rig, run, until
 
 BASE = 600 * MIB
 TOLERANCE = 512 * MIB
@@ -203,3 +206,24 @@ def test_resolve_gpus_names_the_missing_gpu() -> None:
         resolve_gpus(probe, ["0", "5"])
     with pytest.raises(ValueError, match="listed twice"):
         resolve_gpus(probe, ["0", probe.gpus[0].uuid])
+
+
+@pytest.mark.parametrize("configured", [1, 5])
+def test_a_stop_takes_the_configured_number_of_clean_samples(
+    tmp_path: Path, configured: int
+) -> None:
+    """``[timeouts] release_samples`` reaches the release: with the fake server's memory
+    gone at once, a stop samples the GPUs exactly that many times (each sample is a
+    ``release_sample`` event, what ``/events`` and the CLI show)."""
+    rig = make_rig(tmp_path, release_samples=configured)
+
+    async def scenario() -> list[dict[str, object]]:
+        await rig.start_ready()
+        op = rig.sup.submit_stop()
+        await asyncio.wait_for(op.done.wait(), 5)
+        assert op.state == "succeeded", op.error
+        await until(lambda: rig.sup.state == ServerState.STOPPED, 3, "stopped")
+        events = rig.sup.events.recent()
+        return [e for e in events if e["kind"] == "release_sample" and e["operation"] == op.id]
+
+    assert len(run(scenario)) == configured
