@@ -17,6 +17,7 @@ import pytest
 from supervisor import planner, preflight
 from supervisor.gpu import GpuInfo
 from supervisor.levers import LeverSet
+from supervisor.sim import capacity
 from tests.planner_cases import CASES, H200, MODELS, Case, planner_model
 
 GiB = 1 << 30
@@ -217,3 +218,27 @@ def test_swa_pool_is_sized_from_the_request_cap_without_the_radix_cache() -> Non
     assert cap.mem_fraction_static == round((143771 - 14416) / 143771, 3) == 0.9
     budget = 0.9 * H200 - 65_248_815_744 // 8
     assert cap.kv_tokens_per_rank == int((budget - 32_897 * 4608) // 4608)
+
+
+#: (model, levers, SGLang 0.5.23's resolved mem_fraction_static and per-worker
+#: chunked_prefill_size): scripts/sglang-oracle.py's answers (its whole resolution
+#: pipeline, an H200 supplied), the rule at memory_hook.py:291-328.
+ORACLE = [
+    ("DeepSeek-V3", {"tp_size": 8, "attn_dp_size": 8, "chunked_prefill_size": 4096}, 0.801, 512),
+    ("DeepSeek-V3", {"tp_size": 8, "attn_dp_size": 8, "cuda_graph_max_bs_decode": 128}, 0.87, 1024),
+    ("DeepSeek-V3", {"tp_size": 8, "attn_dp_size": 4, "moe_a2a_backend": "deepep"}, 0.801, 2048),
+    ("Llama-3.1-70B", {"tp_size": 4, "max_running_requests": 128}, 0.902, 8192),
+    ("Llama-3.1-70B", {"tp_size": 8, "attn_dp_size": 2}, 0.861, 4096),
+    ("Llama-3.1-70B", {"tp_size": 8, "cuda_graph_backend_prefill": "full"}, 0.893, 8192),
+    ("gpt-oss-120b", {"tp_size": 8, "disable_cuda_graph": True}, 0.904, 8192),
+    ("Qwen3-Next-80B-A3B", {"tp_size": 8, "pp_size": 2}, 0.89, 8192),
+]
+
+
+@pytest.mark.parametrize(("name", "levers", "fraction", "chunk"), ORACLE)
+def test_default_fraction_and_chunk_match_sglangs_pipeline(
+    name: str, levers: dict[str, Any], fraction: float, chunk: int
+) -> None:
+    model = capacity.SIM_MODEL if name == "Llama-3.1-70B" else planner_model(name)
+    cap = planner.capacity(model, levers, H200, 4096)
+    assert (cap.mem_fraction_static, cap.chunked_prefill_size) == (fraction, chunk)
