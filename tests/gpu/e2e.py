@@ -33,6 +33,8 @@ HERE = Path(__file__).resolve().parent
 STANDIN_ROOT = HERE / "sglang_standin"
 FAKE_NVML_DIR = HERE / "fake_nvml"
 REPO = HERE.parents[1]
+#: The test command's stand-ins for SGLang's GPU kernel modules (tests only).
+KERNEL_STUBS = REPO / "tests" / "sglang_stubs" / "sglang_test_stubs.py"
 GIB = 2**30
 FAKE_GPU_MIB = 143771
 
@@ -46,6 +48,16 @@ _CUDA_ORDER = (
     "print(json.dumps([str(torch.cuda.get_device_properties(i).uuid)"
     " for i in range(torch.cuda.device_count())]))\n"
 )
+
+
+_ONLY_MISSING = """\
+import importlib.machinery
+
+import sglang_test_stubs
+
+installed = {n for n in sglang_test_stubs.STUBBED if importlib.machinery.PathFinder.find_spec(n)}
+sglang_test_stubs.STUBBED = frozenset(sglang_test_stubs.STUBBED - installed)
+"""
 
 
 def fake_mode() -> bool:
@@ -177,6 +189,13 @@ def make_server_python(where: Path, sglang_dirs: list[str]) -> Path:
     pythonpath = [os.path.abspath(p) for p in env_path if p]
     ours = [*pythonpath, *site.getsitepackages(), sysconfig.get_paths()["purelib"]]
     lines = [str(STANDIN_ROOT), *sglang_dirs, *dict.fromkeys(ours)]
+    if KERNEL_STUBS.exists() and os.environ.get("SGS_E2E_STUB_KERNELS", "1") == "1":
+        # A test environment, as the test command's: SGLang's GPU kernel packages (not
+        # installed here) import as inert stubs, so its resolution pipeline can be imported
+        # and run. Only the ones this environment really lacks are stubbed.
+        (purelib / KERNEL_STUBS.name).write_bytes(KERNEL_STUBS.read_bytes())
+        (purelib / "_e2e_kernel_stubs.py").write_text(_ONLY_MISSING)
+        lines.append("import _e2e_kernel_stubs")
     (purelib / "00-sglang-standin.pth").write_text("\n".join(lines) + "\n")
     return where / "bin" / "python"
 
