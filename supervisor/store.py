@@ -81,16 +81,52 @@ class PersistedState:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PersistedState:
+        """Raises ``ValueError`` naming the field when ``data`` has the wrong shape (a
+        file with a valid checksum written by another version, or by hand)."""
         server = data.get("server")
+        pending = data.get("pending_operation")
+        baseline = data.get("baseline")
+        if pending is not None and not isinstance(pending, dict):
+            raise ValueError(f"pending_operation is {type(pending).__name__}, not an object")
+        if baseline and not isinstance(baseline, dict):
+            raise ValueError(f"baseline is {type(baseline).__name__}, not an object")
         return cls(
-            levers=LeverSet.from_json(data["levers"]) if data.get("levers") else None,
-            last_good=LeverSet.from_json(data["last_good"]) if data.get("last_good") else None,
-            server=RecordedServer(**server) if server else None,
-            pending_operation=data.get("pending_operation"),
-            baseline={int(k): int(v) for k, v in data["baseline"].items()}
-            if data.get("baseline")
-            else None,
+            levers=_lever_set(data, "levers"),
+            last_good=_lever_set(data, "last_good"),
+            server=_recorded_server(server) if server else None,
+            pending_operation=pending,
+            baseline={int(k): int(v) for k, v in baseline.items()} if baseline else None,
         )
+
+
+def _lever_set(data: dict[str, Any], key: str) -> LeverSet | None:
+    value = data.get(key)
+    if not value:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(value.get(part) or {}, dict) for part in ("levers", "env")
+    ):
+        raise ValueError(f"{key} is not an object of levers and env")
+    env = value.get("env") or {}
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ValueError(f"{key}.env has a value that is not a string")
+    return LeverSet.from_json(value)
+
+
+def _recorded_server(value: Any) -> RecordedServer:
+    shape: dict[str, type | tuple[type, ...]] = {
+        "pid": int,
+        "create_time": (int, float),
+        "tag": str,
+        "log_path": str,
+        "levers": dict,
+    }
+    if not isinstance(value, dict) or set(value) != set(shape):
+        raise ValueError(f"server is not an object with exactly {sorted(shape)}")
+    for key, kind in shape.items():
+        if not isinstance(value[key], kind) or isinstance(value[key], bool):
+            raise ValueError(f"server.{key} has the wrong type ({type(value[key]).__name__})")
+    return RecordedServer(**value)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -161,8 +197,8 @@ class Store:
                 continue
             try:
                 state = PersistedState.from_json(_open_envelope(path))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                problems.append(f"{path} is damaged ({exc})")
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                problems.append(f"{path} is damaged ({type(exc).__name__}: {exc})")
                 continue
             if problems:
                 state.load_warning = "; ".join(problems) + f"; using {path}"
@@ -181,8 +217,8 @@ class Store:
             text = _envelope(state.to_json())
             if current.exists():
                 try:
-                    _open_envelope(current)
-                except (OSError, ValueError, KeyError, TypeError):
+                    PersistedState.from_json(_open_envelope(current))
+                except (OSError, ValueError, KeyError, TypeError, AttributeError):
                     pass  # never let a damaged file become the fallback
                 else:
                     with contextlib.suppress(OSError):

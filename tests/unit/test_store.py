@@ -7,6 +7,7 @@ restarted daemon starts the last good levers it knows, and says when it had to f
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -100,6 +101,51 @@ def test_damaged_state_falls_back_to_the_previous_copy(tmp_path: Path, damage: A
     assert warning is not None
     assert f"{tmp_path / STATE_FILE} is damaged" in warning
     assert f"using {tmp_path / PREV_FILE}" in warning
+
+
+def _resigned(change: Any) -> Any:
+    """A file whose checksum is valid but whose content has the wrong shape."""
+
+    def damage(path: Path) -> None:
+        raw = json.loads(path.read_text())
+        change(raw["data"])
+        body = json.dumps(raw["data"], sort_keys=True, separators=(",", ":"))
+        raw["sha256"] = hashlib.sha256(body.encode()).hexdigest()
+        path.write_text(json.dumps(raw))
+
+    return damage
+
+
+WRONG_SHAPES = {
+    "levers_a_number": lambda d: d.update(levers=5),
+    "levers_a_list": lambda d: d.update(last_good={"levers": [1, 2], "env": {}}),
+    "env_not_strings": lambda d: d.update(levers={"levers": {}, "env": {"A": 1}}),
+    "server_missing_fields": lambda d: d.update(server={"pid": 1}),
+    "server_pid_a_string": lambda d: d.update(
+        server={"pid": "1", "create_time": 1.0, "tag": "t", "log_path": "l", "levers": {}}
+    ),
+    "baseline_a_list": lambda d: d.update(baseline=[1, 2]),
+    "pending_a_string": lambda d: d.update(pending_operation="apply"),
+}
+
+
+@pytest.mark.parametrize("change", list(WRONG_SHAPES.values()), ids=list(WRONG_SHAPES))
+def test_a_valid_checksum_over_the_wrong_shape_falls_back_to_the_previous_copy(
+    tmp_path: Path, change: Any
+) -> None:
+    store = Store(tmp_path)
+    store.save(state(GOOD))
+    store.save(state(NEWER))
+    _resigned(change)(tmp_path / STATE_FILE)
+    loaded = Store(tmp_path).load()  # never a traceback
+    assert loaded.levers == GOOD
+    warning = loaded.load_warning or ""
+    assert f"{tmp_path / STATE_FILE} is damaged" in warning
+    assert f"using {tmp_path / PREV_FILE}" in warning
+    # Saving over it does not make the wrong shape the fallback.
+    store.save(state(NEWER))
+    (tmp_path / STATE_FILE).unlink()
+    assert Store(tmp_path).load().levers == GOOD
 
 
 def test_checksum_mismatch_is_named(tmp_path: Path) -> None:
