@@ -73,6 +73,9 @@ class OperationModel(_Open):
     log_tail: list[str] = Field(default_factory=list)
     levers_requested: dict[str, Any] | None = None
     levers_effective: dict[str, Any] | None = None
+    resolved: dict[str, Any] | None = Field(
+        None, description="what SGLang's resolution pipeline made of the levers (validate)"
+    )
 
 
 class OperationEnvelope(BaseModel):

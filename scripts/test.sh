@@ -19,6 +19,17 @@ echo "== mypy"
 .venv/bin/mypy
 echo "== deploy assets (promtool, systemd-analyze)"
 bash scripts/check-deploy.sh
+echo "== chromium (the status page's browser test)"
+# Debian's chromium drives tests/integration/test_status_page.py; installed when missing
+# and this runs as root (the test skips without it, and fails under CI=true).
+if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/lib/chromium/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+  else
+    echo "   chromium missing and not root: the status page test will be skipped"
+  fi
+fi
 echo "== pytest"
 export SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON="$PWD/.venv-sglang/bin/python"
 export SGLANG_SUPERVISOR_TEST_ROUTER_PYTHON="$PWD/.venv-router/bin/python"
