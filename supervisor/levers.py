@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor import lever_limits
+from supervisor.lever_limits import shown, text_problem
 from supervisor.schema import FlagSchema, FlagSpec, normalize_name
 
 Scalar = str | int | float | bool
@@ -29,14 +30,13 @@ OWNED_FLAGS: dict[str, str] = {
     "config": "a YAML config file would bypass lever validation; set each lever instead",
 }
 
-ENV_PREFIXES = ("NCCL_", "SGLANG_", "CUDA_", "TORCH_", "PYTORCH_", "NVSHMEM_")
+ENV_PREFIXES = lever_limits.ENV_PREFIXES
 #: Names inside the allowed prefixes that the supervisor owns.
 OWNED_ENV: dict[str, str] = {
     "SGLANG_SUPERVISOR_INSTANCE": "the launch tag the supervisor uses to find every member",
     "CUDA_VISIBLE_DEVICES": "the supervisor assigns the managed GPUs (server.gpus)",
     "CUDA_DEVICE_ORDER": "the supervisor fixes the GPU order to match NVML",
 }
-_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -176,8 +176,9 @@ def _coerce_scalar(spec: FlagSpec, value: Any) -> tuple[Scalar | None, str | Non
         return ("true" if value else "false"), None
     if isinstance(value, (int, float, str)):
         text = value if isinstance(value, str) else str(value)
-        if "\x00" in text:
-            return None, "a value cannot contain a NUL byte"
+        problem = text_problem(text)
+        if problem is not None:
+            return None, problem
         if text == "--":
             # argparse drops a bare "--" even in the --flag=-- form: it cannot arrive.
             return None, "the value '--' cannot be passed through argparse"
@@ -204,6 +205,10 @@ def _check_one(spec: FlagSpec, value: Any) -> tuple[Value | None, str | None]:
         return None, f"{spec.option} is a switch: give true or false, not {value!r}"
     if spec.takes_list:
         items = value if isinstance(value, list) else [value]
+        if len(items) > lever_limits.MAX_LIST_ITEMS:
+            return None, (
+                f"{len(items)} items; at most {lever_limits.MAX_LIST_ITEMS} are accepted"
+            )
         if not items and spec.nargs == "+":
             return None, f"{spec.option} needs at least one value"
         out: list[Scalar] = []
@@ -232,16 +237,22 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def check_levers(levers: LeverSet, schema: FlagSchema) -> LeverSet:
+def check_levers(levers: LeverSet, schema: FlagSchema, *, complete: bool = False) -> LeverSet:
     """First-line validation against ``schema``; returns the canonical set.
 
     Raises ``LeverError`` listing every problem (unknown or abbreviated names, owned
-    flags, bad types and choices, env names outside the allowlist).
+    flags, bad types and choices, values out of SGLang's ranges, text that cannot be
+    encoded or is too long, env names outside the allowlist). ``complete``: the set is
+    the whole launch, so SGLang's required flags must be in it.
     """
     problems: list[LeverProblem] = []
     canon: dict[str, Value] = {}
     spelled: dict[str, str] = {}  # dest -> the name the request used for it
     for raw_name, value in levers.levers.items():
+        bad_name = text_problem(raw_name) if isinstance(raw_name, str) else "not a string"
+        if bad_name is not None:
+            problems.append(LeverProblem(shown(str(raw_name)), f"the lever name {bad_name}"))
+            continue
         name = normalize_name(raw_name)
         if name in OWNED_FLAGS:
             problems.append(
@@ -273,35 +284,42 @@ def check_levers(levers: LeverSet, schema: FlagSchema) -> LeverSet:
             continue
         assert v is not None
         canon[spec.dest] = v
+    problems.extend(LeverProblem(n, m) for n, m in lever_limits.range_problems(canon))
+    if complete:
+        problems.extend(LeverProblem(n, m) for n, m in lever_limits.required_problems(canon))
     env: dict[str, str] = {}
     for key, value in levers.env.items():
         err = check_env_name(key)
         if err is None and not isinstance(value, (str, int, float, bool)):
             err = f"value must be a string, got {type(value).__name__}"
         text = str(value).lower() if isinstance(value, bool) else str(value)
-        if err is None and "\x00" in text:
-            err = "a value cannot contain a NUL byte"
+        if err is None:
+            err = text_problem(text)
         if err is not None:
-            problems.append(LeverProblem(f"env.{key}", err))
+            problems.append(LeverProblem(f"env.{shown(str(key))}", err))
             continue
         env[key] = text
+    if not problems:
+        too_big = lever_limits.launch_size_problem(render_argv(LeverSet(canon), schema), env)
+        if too_big is not None:
+            problems.append(LeverProblem("levers", too_big))
     if problems:
         raise LeverError(problems)
     return LeverSet(canon, env)
 
 
+def check_gpu_placement(levers: LeverSet, managed_count: int) -> None:
+    """Raise ``LeverError`` when ``base_gpu_id``/``gpu_id_step`` put a rank outside the
+    ``managed_count`` managed GPUs (see ``lever_limits.check_gpu_ids``)."""
+    found = lever_limits.check_gpu_ids(levers.levers, managed_count)
+    if found:
+        raise LeverError([LeverProblem(n, m) for n, m in found])
+
+
 def check_env_name(key: str) -> str | None:
-    """None when ``key`` may be set in the server's environment, else the reason."""
-    if not _ENV_NAME.match(key):
-        return f"{key!r} is not a valid environment variable name"
-    if key in OWNED_ENV:
-        return f"cannot be set by a lever: {OWNED_ENV[key]}"
-    if not key.startswith(ENV_PREFIXES):
-        return (
-            f"{key} is not allowed: only {', '.join(p + '*' for p in ENV_PREFIXES)} may be "
-            "set (never LD_*, PYTHON*, PATH: they would change what code the server runs)"
-        )
-    return None
+    """None when ``key`` may be set in the server's environment, else the reason
+    (the rule: ``lever_limits.env_name_problem``)."""
+    return lever_limits.env_name_problem(key, OWNED_ENV)
 
 
 def render_argv(levers: LeverSet, schema: FlagSchema) -> list[str]:

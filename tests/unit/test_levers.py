@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from supervisor import lever_limits
 from supervisor.levers import (
     LeverError,
     LeverSet,
@@ -259,8 +260,8 @@ def test_render_keeps_shell_metacharacters_verbatim_in_one_element() -> None:
     [
         ("served_model_name", "-weird-name", "--served-model-name=-weird-name"),
         ("served_model_name", "--also", "--served-model-name=--also"),
-        ("max_running_requests", -1, "--max-running-requests=-1"),
-        ("mem_fraction_static", -0.5, "--mem-fraction-static=-0.5"),
+        ("chunked_prefill_size", -1, "--chunked-prefill-size=-1"),
+        ("random_seed", -5, "--random-seed=-5"),
     ],
 )
 def test_render_a_value_starting_with_dash_uses_equals(
@@ -367,12 +368,29 @@ def _value_strategy(spec: FlagSpec) -> st.SearchStrategy[Any]:
         return st.booleans()
     if spec.choices:
         return st.sampled_from(spec.choices)
+    lo, lo_incl, hi, hi_incl, _ = lever_limits.RANGES.get(
+        spec.dest, (None, True, None, True, "")
+    )
     if spec.type == "float":
-        return st.floats(allow_nan=False, allow_infinity=False)
+        return st.floats(
+            min_value=lo,
+            max_value=hi,
+            exclude_min=not lo_incl,
+            exclude_max=not hi_incl,
+            allow_nan=False,
+            allow_infinity=False,
+        )
     if spec.type == "int":
-        return st.integers(min_value=-(2**40), max_value=2**40)
+        return st.integers(
+            min_value=-(2**40) if lo is None else int(lo),
+            max_value=2**40 if hi is None else int(hi),
+        )
     # "--" alone is the one text argparse cannot carry: check_levers refuses it (tested below).
-    text = st.text(alphabet=st.characters(exclude_characters="\x00"), max_size=30)
+    # Lone surrogates have no UTF-8 encoding: refused (tested in test_lever_limits).
+    text = st.text(
+        alphabet=st.characters(exclude_characters="\x00", exclude_categories=("Cs",)),
+        max_size=30,
+    )
     dashed = text.map(lambda t: "-" + t)  # values that look like flags, often
     return st.one_of(text, dashed).filter(lambda v: v != "--")
 

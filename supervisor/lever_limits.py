@@ -1,0 +1,248 @@
+"""What a lever set must satisfy to be able to start at all, checked before anything stops.
+
+* Text: every lever name, value, list item and env name/value must be encodable into an
+  argv/environment (strict UTF-8: no lone UTF-16 surrogates such as ``"\\ud800"``, no
+  NUL byte) and bounded in size: one value at most ``MAX_VALUE_BYTES``, a list at most
+  ``MAX_LIST_ITEMS`` items, the rendered argv plus the lever env at most
+  ``MAX_LAUNCH_BYTES`` (Linux refuses a single argument over 128 KiB and a whole
+  argv + environment over ``ARG_MAX``, 2 MiB here; the bounds leave room for the
+  daemon's own environment).
+* Ranges SGLang 0.5.23 needs but does not check before it loads the model (``RANGES``).
+* GPU ids: with ``base_gpu_id`` / ``gpu_id_step`` every rank's GPU id must be one of the
+  managed GPUs (``check_gpu_ids``, given the managed GPU count).
+* The server's environment (``check_env_name``): a variable that makes the server load
+  code from a path — a library, a plugin, an injection, a kernel or extension cache — is
+  refused like ``LD_*``; the routine tuning families are accepted.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from supervisor.layout import Layout
+
+MAX_VALUE_BYTES = 16 * 1024
+MAX_LIST_ITEMS = 4096
+MAX_LAUNCH_BYTES = 256 * 1024
+
+#: (lower bound, inclusive?, upper bound, inclusive?, why) per lever dest.
+RANGES: dict[str, tuple[float | None, bool, float | None, bool, str]] = {
+    "mem_fraction_static": (0.0, False, 1.0, True, "a fraction of each GPU's memory"),
+    "tp_size": (1, True, None, True, "ranks of tensor parallelism"),
+    "pp_size": (1, True, None, True, "pipeline stages"),
+    "dp_size": (1, True, None, True, "data-parallel replicas"),
+    "attn_dp_size": (1, True, None, True, "attention data-parallel groups"),
+    "ep_size": (1, True, None, True, "expert-parallel ranks"),
+    "nnodes": (1, True, None, True, "nodes"),
+    "max_running_requests": (1, True, None, True, "requests decoding at once"),
+    "max_total_tokens": (1, True, None, True, "tokens in the KV pool"),
+    "max_prefill_tokens": (1, True, None, True, "tokens in one prefill batch"),
+    "page_size": (1, True, None, True, "tokens per KV page (SGLang divides by it)"),
+    "context_length": (1, True, None, True, "tokens of context"),
+    "stream_interval": (1, True, None, True, "tokens between streamed chunks"),
+    "base_gpu_id": (0, True, None, True, "SGLang: 'base_gpu_id must be non-negative'"),
+    "gpu_id_step": (1, True, None, True, "SGLang: 'gpu_id_step must be positive'"),
+    "hicache_size": (0, True, None, True, "GB of host memory per rank"),
+    "hicache_ratio": (0.0, False, None, True, "host pool size relative to the device pool"),
+    "schedule_conservativeness": (0.0, True, None, True, "SGLang: must be non-negative"),
+}
+#: Flags without which SGLang's parser refuses to start.
+REQUIRED = ("model_path",)
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot travel in an argv or environment, or None."""
+    if "\x00" in text:
+        return "a value cannot contain a NUL byte"
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        return (
+            f"contains {ascii(text[exc.start : exc.end])} at position {exc.start}, which has "
+            "no UTF-8 encoding (a lone UTF-16 surrogate): it cannot be passed in an argv or "
+            "environment"
+        )
+    if size > MAX_VALUE_BYTES:
+        return f"is {size} bytes long; at most {MAX_VALUE_BYTES} bytes are accepted per value"
+    return None
+
+
+def shown(text: str) -> str:
+    """``text`` safe to echo in a JSON answer (escaped when it cannot be encoded)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return ascii(text)[1:-1]
+    return text[:200] + ("..." if len(text) > 200 else "")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def required_problems(levers: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(lever, message) for each flag a whole lever set lacks that SGLang requires."""
+    out: list[tuple[str, str]] = []
+    for name in REQUIRED:
+        value = levers.get(name)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            out.append(
+                (name, f"{name} is required: SGLang's parser refuses to start without it")
+            )
+    return out
+
+
+def range_problems(levers: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(lever, message) for each value outside what SGLang can start with."""
+    out: list[tuple[str, str]] = []
+    for name, (lo, lo_incl, hi, hi_incl, why) in RANGES.items():
+        if name not in levers:
+            continue
+        f = _number(levers[name])
+        if f is None:
+            continue
+        low_bad = lo is not None and (f < lo or (f == lo and not lo_incl))
+        high_bad = hi is not None and (f > hi or (f == hi and not hi_incl))
+        if low_bad or high_bad:
+            lower = "" if lo is None else f"{'≥' if lo_incl else '>'} {lo:g}"
+            upper = "" if hi is None else f"{'≤' if hi_incl else '<'} {hi:g}"
+            bounds = " and ".join(b for b in (lower, upper) if b)
+            out.append((name, f"{name} {levers[name]!r} is out of range: must be {bounds} ({why})"))
+    return out
+
+
+def check_gpu_ids(levers: Mapping[str, Any], managed_count: int) -> list[tuple[str, str]]:
+    """(lever, message) when ``base_gpu_id``/``gpu_id_step`` place a rank on a GPU id
+    outside the ``managed_count`` managed GPUs (ids are relative to them: 0..count-1)."""
+    if "base_gpu_id" not in levers and "gpu_id_step" not in levers:
+        return []
+    shape = Layout.of(levers)
+    if shape.base_gpu_id < 0 or shape.gpu_id_step < 1:
+        return []  # range_problems names these
+    outside = sorted({g for g in shape.gpu_ids if g >= managed_count})
+    if not outside:
+        return []
+    plain = Layout.of({k: v for k, v in levers.items() if k not in ("base_gpu_id", "gpu_id_step")})
+    if plain.gpus_needed > managed_count:
+        return []  # too many ranks whatever the placement: preflight names tp/pp/dp
+    lever = "base_gpu_id" if shape.base_gpu_id > 0 else "gpu_id_step"
+    return [
+        (
+            lever,
+            f"{shape.describe()} puts ranks on GPU id(s) {', '.join(map(str, outside))}, "
+            f"outside the {managed_count} managed GPUs (ids 0-{managed_count - 1}); lower "
+            "base_gpu_id/gpu_id_step or add GPUs to server.gpus",
+        )
+    ]
+
+
+def launch_size_problem(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why the rendered argv plus the lever env is too large to exec, or None."""
+    total = sum(len(a.encode("utf-8", "replace")) + 1 for a in argv) + sum(
+        len(k) + len(v.encode("utf-8", "replace")) + 2 for k, v in env.items()
+    )
+    if total > MAX_LAUNCH_BYTES:
+        return (
+            f"the server's argv and lever env come to {total} bytes; at most "
+            f"{MAX_LAUNCH_BYTES} are accepted"
+        )
+    return None
+
+
+# ---------------------------------------------------------------- the environment
+
+#: Families an operator tunes per lever set.
+ENV_PREFIXES = (
+    "NCCL_",
+    "SGLANG_",
+    "SGL_",
+    "CUDA_",
+    "TORCH_",
+    "PYTORCH_",
+    "NVSHMEM_",
+    "GLOO_",
+    "HF_",
+    "TRITON_",
+    "UCX_",
+)
+ENV_NAMES = frozenset(
+    {
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "TOKENIZERS_PARALLELISM",
+        "TRANSFORMERS_OFFLINE",
+        "NVIDIA_TF32_OVERRIDE",
+    }
+)
+#: Names (inside the families above) that make the server load code from a path.
+ENV_CODE_LOADERS = frozenset(
+    {
+        "CUDA_INJECTION64_PATH",
+        "CUDA_INJECTION32_PATH",
+        "CUDA_CACHE_PATH",  # JIT-compiled GPU binaries are loaded from it
+        "NCCL_NET_PLUGIN",
+        "NCCL_TUNER_PLUGIN",
+        "NCCL_PROFILER_PLUGIN",
+        "NCCL_ENV_PLUGIN",
+        "NCCL_GIN_PLUGIN",
+        "NCCL_RAS_PLUGIN",
+        "NCCL_CONF_FILE",  # a file of NCCL variables, plugins included
+        "NVSHMEM_BOOTSTRAP_PLUGIN",
+        "TORCH_EXTENSIONS_DIR",
+        "PYTORCH_KERNEL_CACHE_PATH",
+        "TRITON_CACHE_DIR",
+        "TRITON_HOME",
+        "TRITON_OVERRIDE_DIR",
+        "TRITON_KERNEL_OVERRIDE",
+        "TRITON_LIBDEVICE_PATH",
+        "HF_MODULES_CACHE",  # remote code of trust_remote_code models
+        "SGLANG_CUSTOM_OPS_PATH",
+    }
+)
+_CODE_LOADER_SUFFIXES = (
+    "_PLUGIN",
+    "_PLUGIN_PATH",
+    "_PLUGIN_LIB",
+    "_MODULE_DIR",
+    "_LIBRARY_PATH",
+    "_PRELOAD",
+    "_CONF_FILE",
+)
+_CODE_LOADER_PATTERN = re.compile(r"INJECTION|^TRITON_.*_PATH$|^TRITON_.*_DIR$")
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+def env_name_problem(key: str, owned: Mapping[str, str]) -> str | None:
+    """None when ``key`` may be set in the server's environment, else the reason."""
+    if not _ENV_NAME.match(key):
+        return f"{shown(key)!r} is not a valid environment variable name"
+    if key in owned:
+        return f"cannot be set by a lever: {owned[key]}"
+    if key.startswith(("LD_", "PYTHON")) or key == "PATH":
+        return (
+            f"{key} is not allowed: LD_*, PYTHON* and PATH would change what code the "
+            "server runs"
+        )
+    if (
+        key in ENV_CODE_LOADERS
+        or key.endswith(_CODE_LOADER_SUFFIXES)
+        or _CODE_LOADER_PATTERN.search(key)
+    ):
+        return (
+            f"{key} is not allowed: it makes the server load code (a library, plugin, "
+            "injection or kernel cache) from a path, like LD_PRELOAD; set it in the "
+            "service's own environment if the host needs it"
+        )
+    if key in ENV_NAMES or key.startswith(ENV_PREFIXES):
+        return None
+    families = ", ".join(p + "*" for p in ENV_PREFIXES)
+    return f"{key} is not allowed: only {families} and {', '.join(sorted(ENV_NAMES))} may be set"

@@ -1,0 +1,364 @@
+"""SGLang's own launch-time resolution of a lever set, asked in the server's interpreter.
+
+``resolve_levers(python, argv, env, gpu_facts)`` runs ``supervisor/resolve_probe.py`` in
+``python`` with exactly the environment and working directory the server would get:
+SGLang's ``prepare_server_args`` (argparse), its resolution pipeline
+(``ServerArgs.resolve_once``: every ``handle_*`` hook) and ``check_server_args``, with
+the hardware facts it would read from CUDA answered from ``gpu_facts`` (NVML of the
+managed GPUs, or the simulated ones). It returns a ``Verdict``: refused (SGLang's own
+words and the file:line that raised them) or accepted with the values SGLang resolved
+(the fraction it picks, chunk size, CUDA-graph batch sizes, page size, attention
+backend...), and the checks that could not run here, each with why.
+
+A warm helper per (interpreter, environment, working directory, GPU facts) keeps torch
+and SGLang imported and answers each request in a fork of itself: ~0.1 s of work after
+the first (seconds) import. Everything here blocks: call it from a worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import subprocess
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from supervisor.sglang_parser import ParserUnavailable
+
+PROBE_SOURCE = Path(__file__).with_name("resolve_probe.py")
+_READY = "@@READY@@"
+_ANSWER = "@@RESOLVE@@"
+#: Warm helpers kept at once (one per environment; an env lever change makes a new one).
+MAX_HELPERS = 2
+
+#: Compute capability by GPU family, for when NVML's answer is not at hand.
+_CAPABILITY_BY_NAME = (
+    ("GB300", (10, 3)),
+    ("B300", (10, 3)),
+    ("GB200", (10, 0)),
+    ("B200", (10, 0)),
+    ("RTX PRO 6000", (12, 0)),
+    ("RTX 50", (12, 0)),
+    ("H200", (9, 0)),
+    ("H100", (9, 0)),
+    ("H800", (9, 0)),
+    ("H20", (9, 0)),
+    ("GH200", (9, 0)),
+    ("L40", (8, 9)),
+    ("L4", (8, 9)),
+    ("RTX 40", (8, 9)),
+    ("A100", (8, 0)),
+    ("A800", (8, 0)),
+    ("A30", (8, 0)),
+    ("A10", (8, 6)),
+    ("RTX 30", (8, 6)),
+)
+
+
+def capability_from_name(name: str) -> tuple[int, int] | None:
+    """The compute capability of a GPU named ``name`` (NVML's name), if it is known."""
+    upper = name.upper()
+    for tag, cap in _CAPABILITY_BY_NAME:
+        if tag in upper:
+            return cap
+    return None
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """What SGLang's resolution would read from CUDA, for the managed GPUs."""
+
+    count: int
+    name: str
+    capability: tuple[int, int]
+    #: Per GPU (the smallest of the managed ones), MiB as nvidia-smi reports it.
+    memory_mib: int
+    driver_version: str | None = None
+
+    @classmethod
+    def simulated(cls, count: int, memory_mib: int) -> GpuFacts:
+        """The simulated backend's GPUs: H200s, SM 9.0."""
+        return cls(count, "NVIDIA H200", (9, 0), memory_mib, "580.95.05")
+
+    @classmethod
+    def of_gpus(
+        cls,
+        names: Sequence[str],
+        memory_total_bytes: Sequence[int],
+        capability: tuple[int, int] | None = None,
+        driver_version: str | None = None,
+    ) -> GpuFacts | None:
+        """Facts of the managed GPUs (NVML); None when their compute capability is
+        unknown (then SGLang's hardware-dependent choices cannot be reproduced)."""
+        if not names:
+            return None
+        cap = capability or capability_from_name(names[0])
+        if cap is None:
+            return None
+        return cls(
+            len(names), names[0], cap, min(memory_total_bytes) >> 20, driver_version
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "name": self.name,
+            "capability": list(self.capability),
+            "memory_mib": self.memory_mib,
+            "driver_version": self.driver_version,
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """SGLang's answer for one argv."""
+
+    ok: bool
+    #: "parse" (argparse), "resolve" (a resolution hook) or "check" (check_server_args).
+    stage: str | None
+    #: SGLang's own message when refused.
+    message: str | None
+    #: Where SGLang raised it: "sglang/srt/arg_groups/kv_cache_hook.py:394 in handle_...".
+    where: str | None
+    error_type: str | None
+    #: Values SGLang resolved (empty when refused or when the model's config is absent).
+    resolved: dict[str, Any] = field(default_factory=dict)
+    #: Checks that did not run here, each with why ("needs the model config ...").
+    not_run: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    sglang_version: str | None = None
+    duration_s: float = 0.0
+
+    @classmethod
+    def from_probe(cls, data: Mapping[str, Any], duration_s: float) -> Verdict:
+        return cls(
+            ok=bool(data["ok"]),
+            stage=data.get("stage"),
+            message=data.get("message"),
+            where=data.get("where"),
+            error_type=data.get("error_type"),
+            resolved=dict(data.get("resolved") or {}),
+            not_run=tuple(data.get("not_run") or ()),
+            notes=tuple(data.get("notes") or ()),
+            sglang_version=data.get("sglang_version"),
+            duration_s=duration_s,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "stage": self.stage,
+            "message": self.message,
+            "where": self.where,
+            "resolved": self.resolved,
+            "not_run": list(self.not_run),
+            "notes": list(self.notes),
+            "sglang_version": self.sglang_version,
+            "duration_s": round(self.duration_s, 3),
+        }
+
+
+class _Helper:
+    """One warm ``resolve_probe.py --serve`` process."""
+
+    def __init__(
+        self, python: str, env: Mapping[str, str], cwd: str | None, gpu: GpuFacts
+    ) -> None:
+        self.lock = threading.Lock()
+        self.python = python
+        self._stderr = tempfile.TemporaryFile()
+        try:
+            self.proc = subprocess.Popen(
+                [python, "-c", PROBE_SOURCE.read_text(), "--serve"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except FileNotFoundError as exc:
+            raise ParserUnavailable(
+                f"server.python {python!r} does not exist; point it at the interpreter of "
+                "the environment where SGLang is installed"
+            ) from exc
+        except OSError as exc:
+            raise ParserUnavailable(f"server.python {python!r} cannot be run: {exc}") from exc
+        self._buf = b""
+        self.ready = False
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps({"gpu": gpu.to_json()}) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def _line(self, deadline: float) -> str:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            readable, _, _ = select.select([fd], [], [], left)
+            if readable:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise EOFError
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+    def _expect(self, marker: str, deadline: float) -> str:
+        while True:
+            line = self._line(deadline)
+            if line.startswith(marker):
+                return line[len(marker) :]
+
+    def ask(self, argv: Sequence[str], timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        try:
+            if not self.ready:
+                self._expect(_READY, deadline)
+                self.ready = True
+            assert self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps({"argv": list(argv)}) + "\n").encode())
+            self.proc.stdin.flush()
+            answer: dict[str, Any] = json.loads(self._expect(_ANSWER, deadline))
+            return answer
+        except TimeoutError as exc:
+            self.close()
+            raise ParserUnavailable(
+                f"{self.python} did not resolve the levers within {timeout_s:.0f}s"
+            ) from exc
+        except (EOFError, BrokenPipeError, ValueError) as exc:
+            self.close()
+            raise ParserUnavailable(
+                f"{self.python} could not run SGLang's resolution (exit "
+                f"{self.proc.poll()}): {self.stderr_tail()}"
+            ) from exc
+
+    def stderr_tail(self, lines: int = 3) -> str:
+        try:
+            self._stderr.seek(0)
+            text = self._stderr.read()[-8192:].decode(errors="replace")
+        except (OSError, ValueError):
+            return "(no output)"
+        tail = [ln for ln in text.splitlines() if ln.strip()][-lines:]
+        return " | ".join(tail) or "(no output)"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        for pipe in (self.proc.stdin, self.proc.stdout, self._stderr):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+
+
+class Resolver:
+    """Warm helpers, keyed by everything that makes the probe's answer differ."""
+
+    def __init__(self, max_helpers: int = MAX_HELPERS) -> None:
+        self._lock = threading.Lock()
+        self._helpers: OrderedDict[str, _Helper] = OrderedDict()
+        self._max = max_helpers
+
+    @staticmethod
+    def _key(python: str, env: Mapping[str, str], cwd: str | None, gpu: GpuFacts) -> str:
+        blob = json.dumps([python, sorted(env.items()), cwd, gpu.to_json()])
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def _helper(
+        self, python: str, env: Mapping[str, str], cwd: str | None, gpu: GpuFacts
+    ) -> _Helper:
+        key = self._key(python, env, cwd, gpu)
+        with self._lock:
+            helper = self._helpers.get(key)
+            if helper is not None and helper.alive():
+                self._helpers.move_to_end(key)
+                return helper
+            helper = _Helper(python, env, cwd, gpu)
+            self._helpers[key] = helper
+            while len(self._helpers) > self._max:
+                _, old = self._helpers.popitem(last=False)
+                old.close()
+            return helper
+
+    def warm(
+        self, python: str, env: Mapping[str, str], gpu: GpuFacts, cwd: str | None = None
+    ) -> None:
+        """Start the helper for this environment now (its import takes seconds)."""
+        self._helper(python, env, cwd, gpu)
+
+    def resolve(
+        self,
+        python: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        gpu: GpuFacts,
+        *,
+        cwd: str | None = None,
+        timeout_s: float = 120,
+    ) -> Verdict:
+        t0 = time.monotonic()
+        helper = self._helper(python, env, cwd, gpu)
+        with helper.lock:
+            data = helper.ask(argv, timeout_s)
+        if "error" in data:
+            raise ParserUnavailable(f"{python} could not run SGLang's resolution: {data['error']}")
+        return Verdict.from_probe(data, time.monotonic() - t0)
+
+    def close(self) -> None:
+        with self._lock:
+            for helper in self._helpers.values():
+                helper.close()
+            self._helpers.clear()
+
+
+_default: Resolver | None = None
+_default_lock = threading.Lock()
+
+
+def default_resolver() -> Resolver:
+    """The process-wide resolver (created on first use)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Resolver()
+        return _default
+
+
+def resolve_levers(
+    python: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    gpu_facts: GpuFacts,
+    *,
+    cwd: str | None = None,
+    timeout_s: float = 120,
+) -> Verdict:
+    """SGLang's own verdict on ``argv`` as ``python -m sglang.launch_server`` would reach it.
+
+    ``env`` and ``cwd`` are the server's (its ``PYTHONPATH`` and lever env included);
+    ``gpu_facts`` are the managed GPUs'. The verdict's ``resolved`` holds the values
+    SGLang picked (``mem_fraction_static``, ``chunked_prefill_size``, ``page_size``,
+    ``attention_backend``, ``cuda_graph_max_bs``/``cuda_graph_bs``...); the planner uses
+    them as its defaults where SGLang is installed. Raises ``ParserUnavailable`` when
+    ``python`` cannot run SGLang at all. Blocks (seconds the first time per environment).
+    """
+    return default_resolver().resolve(python, argv, env, gpu_facts, cwd=cwd, timeout_s=timeout_s)
