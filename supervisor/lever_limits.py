@@ -61,7 +61,7 @@ def text_problem(text: str) -> str | None:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
         return (
-            f"contains {ascii(text[exc.start : exc.end])} at position {exc.start}, which has "
+            f"contains {text[exc.start : exc.end]!a} at position {exc.start}, which has "
             "no UTF-8 encoding (a lone UTF-16 surrogate): it cannot be passed in an argv or "
             "environment"
         )
@@ -95,9 +95,7 @@ def required_problems(levers: Mapping[str, Any]) -> list[tuple[str, str]]:
     for name in REQUIRED:
         value = levers.get(name)
         if value is None or (isinstance(value, str) and not value.strip()):
-            out.append(
-                (name, f"{name} is required: SGLang's parser refuses to start without it")
-            )
+            out.append((name, f"{name} is required: SGLang's parser refuses to start without it"))
     return out
 
 
@@ -229,8 +227,7 @@ def env_name_problem(key: str, owned: Mapping[str, str]) -> str | None:
         return f"cannot be set by a lever: {owned[key]}"
     if key.startswith(("LD_", "PYTHON")) or key == "PATH":
         return (
-            f"{key} is not allowed: LD_*, PYTHON* and PATH would change what code the "
-            "server runs"
+            f"{key} is not allowed: LD_*, PYTHON* and PATH would change what code the server runs"
         )
     if (
         key in ENV_CODE_LOADERS

@@ -206,9 +206,7 @@ def _check_one(spec: FlagSpec, value: Any) -> tuple[Value | None, str | None]:
     if spec.takes_list:
         items = value if isinstance(value, list) else [value]
         if len(items) > lever_limits.MAX_LIST_ITEMS:
-            return None, (
-                f"{len(items)} items; at most {lever_limits.MAX_LIST_ITEMS} are accepted"
-            )
+            return None, (f"{len(items)} items; at most {lever_limits.MAX_LIST_ITEMS} are accepted")
         if not items and spec.nargs == "+":
             return None, f"{spec.option} needs at least one value"
         out: list[Scalar] = []

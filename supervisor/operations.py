@@ -76,6 +76,8 @@ class Operation:
     log_tail: list[str] = field(default_factory=list)
     levers_effective: dict[str, Any] | None = None
     dry_run: bool = False
+    #: The values SGLang's own resolution picked for the requested levers (validate).
+    resolved: dict[str, Any] = field(default_factory=dict)
     #: Set once the supervisor has counted and announced the operation's end.
     reported: bool = field(default=False, repr=False)
     created_at: str = field(default_factory=wall_iso)
@@ -124,6 +126,7 @@ class Operation:
             "kind": self.kind,
             "state": self.state,
             "dry_run": self.dry_run,
+            "resolved": self.resolved,
             "created_at": self.created_at,
             "ended_at": self.ended_at,
             "duration_s": None if self.duration_s is None else round(self.duration_s, 4),

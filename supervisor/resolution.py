@@ -17,6 +17,7 @@ the first (seconds) import. Everything here blocks: call it from a worker thread
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -103,9 +104,7 @@ class GpuFacts:
         cap = capability or capability_from_name(names[0])
         if cap is None:
             return None
-        return cls(
-            len(names), names[0], cap, min(memory_total_bytes) >> 20, driver_version
-        )
+        return cls(len(names), names[0], cap, min(memory_total_bytes) >> 20, driver_version)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -169,12 +168,10 @@ class Verdict:
 class _Helper:
     """One warm ``resolve_probe.py --serve`` process."""
 
-    def __init__(
-        self, python: str, env: Mapping[str, str], cwd: str | None, gpu: GpuFacts
-    ) -> None:
+    def __init__(self, python: str, env: Mapping[str, str], cwd: str | None, gpu: GpuFacts) -> None:
         self.lock = threading.Lock()
         self.python = python
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the helper
         try:
             self.proc = subprocess.Popen(
                 [python, "-c", PROBE_SOURCE.read_text(), "--serve"],
@@ -258,16 +255,12 @@ class _Helper:
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
         for pipe in (self.proc.stdin, self.proc.stdout, self._stderr):
             if pipe is not None:
-                try:
+                with contextlib.suppress(OSError):
                     pipe.close()
-                except OSError:
-                    pass
 
 
 class Resolver:

@@ -143,16 +143,24 @@ def install_device_facts(gpu: dict[str, Any]) -> list[str]:
     return notes
 
 
+#: Libraries SGLang asks for facts: an exception raised inside them is about what this
+#: host lacks (a model file, a device), not a refusal of the levers.
+_LIBRARIES = ("/torch/", "/transformers/", "/huggingface_hub/", "/triton/", "sglang_test_stubs")
+
+
 def _where(exc: BaseException) -> tuple[str | None, bool]:
-    """The innermost SGLang frame of ``exc`` ("sglang/...py:LINE in func") and whether
-    the innermost frame of all is SGLang's own code (not a library it called)."""
+    """Where ``exc`` was raised ("sglang/...py:LINE in func", or a plugin's file) and
+    whether it is a verdict of SGLang's launch code: raised by SGLang itself or by a
+    plugin hooked into its resolution, not inside a library SGLang called for facts."""
     frames = traceback.extract_tb(exc.__traceback__)
-    sgl = [f for f in frames if "/sglang/" in f.filename.replace(os.sep, "/")]
-    if not sgl:
+    if not frames:
         return None, False
-    f = sgl[-1]
-    rel = "sglang/" + f.filename.replace(os.sep, "/").rsplit("/sglang/", 1)[1]
-    return f"{rel}:{f.lineno} in {f.name}", frames[-1] is f
+    paths = [f.filename.replace(os.sep, "/") for f in frames]
+    through_sglang = any("/sglang/" in p for p in paths)
+    inner, path = frames[-1], paths[-1]
+    shown = "sglang/" + path.rsplit("/sglang/", 1)[1] if "/sglang/" in path else path
+    own = through_sglang and not any(lib in path for lib in _LIBRARIES)
+    return f"{shown}:{inner.lineno} in {inner.name}", own
 
 
 def _jsonable(value: Any, depth: int = 0) -> Any:
@@ -273,12 +281,12 @@ def run(argv: list[str], gpu: dict[str, Any]) -> dict[str, Any]:
         except Exception as exc:
             where, own = _where(exc)
             message = str(exc) or type(exc).__name__
-            if isinstance(exc, NeedsGpu) or (isinstance(exc, ImportError)):
+            if isinstance(exc, (NeedsGpu, ImportError)):
                 why = "needs a GPU" if isinstance(exc, NeedsGpu) else f"needs {exc}"
                 out["not_run"].append(
                     f"{stage} from {where or 'SGLang'} on: {why}; only start-up can check it"
                 )
-            elif isinstance(exc, _REFUSALS) and where is not None and own:
+            elif isinstance(exc, _REFUSALS) and own:
                 return {
                     **out,
                     "ok": False,

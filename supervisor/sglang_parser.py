@@ -16,8 +16,10 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from supervisor.schema import BUNDLED_VERSION, FlagSchema, load_bundled
 from supervisor.store import StoreError, atomic_write
@@ -152,6 +154,52 @@ def check_argv(python: str, argv: list[str], timeout_s: float = 60) -> ParserVer
 
 
 _OPTION = re.compile(r"(--[a-z0-9][a-z0-9-]*)")
+_BARE_OPTION = re.compile(r"(?<![\w-])([a-z0-9]+(?:-[a-z0-9]+)+)(?![\w-])")
+
+
+def levers_for_message(
+    message: str,
+    schema: FlagSchema,
+    candidates: list[str],
+    values: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """Every lever an SGLang error message names (as ``--option``, as a bare
+    ``option-name`` or as a dest), the request's own levers (``candidates``) first, in
+    the order the message names them. When it names none, the request's levers it
+    names in words ("Tokenizer worker num" -> tokenizer_worker_num) or by their value
+    ("TRTLLM MLA backend" -> attention_backend = trtllm_mla, from ``values``)."""
+    named = _named(message, schema, candidates)
+    if any(d in candidates for d in named):
+        return named
+    words = re.sub(r"[^a-z0-9]+", "_", message.lower())
+    found = [d for d in candidates if f"_{d}_" in f"_{words}_"]
+    for dest, value in (values or {}).items():
+        text = re.sub(r"[^a-z0-9]+", "_", str(value).lower()).strip("_")
+        named_by_value = len(text) >= 3 and f"_{text}_" in f"_{words}_"
+        if dest not in found and not isinstance(value, bool) and named_by_value:
+            found.append(dest)
+    return found + [d for d in named if d not in found]
+
+
+def _named(message: str, schema: FlagSchema, candidates: list[str]) -> list[str]:
+    """Levers the message names, in the order it names them (the request's first)."""
+    options = schema.by_option()
+    first: dict[str, int] = {}
+    for m in _OPTION.finditer(message):
+        spec = options.get(m.group(1))
+        if spec is not None:
+            first.setdefault(spec.dest, m.start())
+    for m in _BARE_OPTION.finditer(message):
+        spec = options.get("--" + m.group(1))
+        if spec is not None:
+            first.setdefault(spec.dest, m.start())
+    for dest in schema.flags:
+        found = re.search(rf"(?<![\w-]){re.escape(dest)}(?![\w-])", message)
+        if found is not None:
+            first[dest] = min(first.get(dest, found.start()), found.start())
+    named = sorted(first, key=first.__getitem__)
+    mine = [d for d in named if d in candidates]
+    return mine + [d for d in named if d not in candidates]
 
 
 def lever_for_message(message: str, schema: FlagSchema, candidates: list[str]) -> str:

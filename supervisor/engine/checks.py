@@ -8,16 +8,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from supervisor import preflight as host_preflight
 from supervisor.engine.errors import Busy
-from supervisor.engine.server import flags, members_now
+from supervisor.engine.server import flags, members_now, server_env
 from supervisor.gpu import GpuQueryError, GpuSample
-from supervisor.levers import LeverError, LeverProblem, LeverSet, check_levers
+from supervisor.levers import (
+    LeverError,
+    LeverProblem,
+    LeverSet,
+    check_gpu_placement,
+    check_levers,
+)
 from supervisor.operations import FAILED, Operation
 from supervisor.phases import OpKind, PhaseName
-from supervisor.sglang_parser import ParserUnavailable, check_argv, lever_for_message
+from supervisor.resolution import GpuFacts, Verdict, default_resolver, resolve_levers
+from supervisor.sglang_parser import (
+    ParserUnavailable,
+    check_argv,
+    lever_for_message,
+    levers_for_message,
+)
 from supervisor.states import IDLE_STATES, ServerState
 from supervisor.units import fmt_gib
 
@@ -30,21 +42,23 @@ S = ServerState
 
 async def before_the_stop(
     sup: Supervisor, requested: LeverSet
-) -> tuple[LeverSet, list[tuple[PhaseName, str, float]]]:
-    """Validate, then preflight ``requested``: the canonical set and, per phase that
-    passed, what it checked and how long it took. Raises ``LeverError`` naming every
-    problem (nothing was touched)."""
+) -> tuple[LeverSet, list[tuple[PhaseName, str, float]], dict[str, Any]]:
+    """Validate, then preflight ``requested``: the canonical set; per phase that passed,
+    what it checked and how long it took; and the values SGLang's own resolution picked
+    (empty when it could not run). Raises ``LeverError`` naming every problem (nothing
+    was touched)."""
     t0 = time.monotonic()
-    checked, validate_detail = await validate(sup, requested)
+    checked, validate_detail, verdict = await validate_with_sglang(sup, requested)
     t_validate = time.monotonic() - t0
     problems = await preflight(sup, checked)
     t_preflight = time.monotonic() - t0 - t_validate
     if problems:
         raise LeverError(problems)
-    return checked, [
+    passed = [
         (PhaseName.VALIDATE, validate_detail, t_validate),
         (PhaseName.PREFLIGHT, "GPUs, host RAM, port, model path", t_preflight),
     ]
+    return checked, passed, ({} if verdict is None else verdict.resolved)
 
 
 async def before_a_relaunch(sup: Supervisor) -> None:
@@ -65,18 +79,128 @@ async def before_a_relaunch(sup: Supervisor) -> None:
 
 
 async def validate(sup: Supervisor, requested: LeverSet) -> tuple[LeverSet, str]:
+    """``validate_with_sglang`` without the verdict."""
+    checked, detail, _ = await validate_with_sglang(sup, requested)
+    return checked, detail
+
+
+def gpu_facts(sup: Supervisor) -> GpuFacts | None:
+    """What SGLang would read from CUDA, from the managed GPUs (None: unknown GPU)."""
+    if not sup.managed:
+        return None
+    if sup.backend.name == "simulated":
+        mib = min(g.memory_total_bytes for g in sup.managed) >> 20
+        return GpuFacts.simulated(len(sup.managed), mib)
+    return GpuFacts.of_gpus(
+        [g.name for g in sup.managed], [g.memory_total_bytes for g in sup.managed]
+    )
+
+
+async def warm_resolution(sup: Supervisor) -> None:
+    """Start SGLang's resolution helper for the current levers' environment now: its
+    import takes seconds, so that the first apply does not wait for it."""
+    facts = gpu_facts(sup)
+    if not sup.schema_live or facts is None:
+        return
+    env = server_env(sup, sup.levers)
+    try:
+        await asyncio.to_thread(
+            default_resolver().warm, sup.settings.server.python, env, facts, sup.settings.server.cwd
+        )
+    except ParserUnavailable as exc:
+        log.warning("SGLang's resolution helper did not start: %s", exc)
+
+
+async def validate_with_sglang(
+    sup: Supervisor, requested: LeverSet
+) -> tuple[LeverSet, str, Verdict | None]:
     """Check a full lever set in two stages; raises ``LeverError`` naming every bad lever.
 
-    (a) the schema: exact names, types, choices, owned flags, the env allowlist;
-    (b) SGLang's own ``prepare_server_args`` and its GPU-free cross-field checks, run in
-    the server's interpreter (skipped, with a warning in /status, when it has no SGLang).
-    Returns the canonical set and a line saying what ran and how long it took.
+    (a) the schema and the lever limits: exact names, types, choices, owned flags,
+    SGLang's required flags and basic ranges, text an argv/env can carry and its size,
+    GPU ids within the managed GPUs, the env allowlist;
+    (b) SGLang's own launch-time validation, in the server's interpreter, environment and
+    working directory: ``prepare_server_args``, its resolution pipeline and
+    ``check_server_args``, with the managed GPUs' facts (``supervisor.resolution``).
+    Skipped, with a warning in /status, when the interpreter has no SGLang.
+    Returns the canonical set, a line saying what ran (and what did not), and SGLang's
+    verdict (None when (b) did not run).
     """
     t0 = time.monotonic()
-    checked = check_levers(requested, sup.schema)
+    checked = check_levers(requested, sup.schema, complete=True)
+    check_gpu_placement(checked, len(sup.managed))
     detail = f"schema of SGLang {sup.schema.sglang_version}: {(time.monotonic() - t0) * 1e3:.1f} ms"
     if not sup.schema_live:
-        return checked, detail + "; SGLang's own parser not available"
+        return checked, detail + "; SGLang's own parser and resolution not available", None
+    facts = gpu_facts(sup)
+    if facts is None:
+        return await _parse_only(sup, checked, detail)
+    try:
+        verdict = await asyncio.to_thread(
+            resolve_levers,
+            sup.settings.server.python,
+            flags(sup, checked),
+            server_env(sup, checked),
+            facts,
+            cwd=sup.settings.server.cwd,
+        )
+    except ParserUnavailable as exc:
+        problem = LeverProblem("levers", f"cannot run SGLang's resolution: {exc}")
+        raise LeverError([problem]) from exc
+    if not verdict.ok:
+        raise LeverError([_refusal(sup, checked, verdict)])
+    return checked, detail + "; " + describe_verdict(verdict), verdict
+
+
+def _refusal(sup: Supervisor, checked: LeverSet, verdict: Verdict) -> LeverProblem:
+    message = verdict.message or "refused"
+    named = levers_for_message(message, sup.schema, list(checked.levers), checked.levers)
+    lever = named[0] if named else "levers"
+    what = {"parse": "parser", "resolve": "launch-time resolution"}.get(
+        verdict.stage or "", "launch checks"
+    )
+    where = f" at {verdict.where}" if verdict.where else ""
+    also = f" (levers involved: {', '.join(named)})" if len(named) > 1 else ""
+    return LeverProblem(
+        lever,
+        f"SGLang {verdict.sglang_version or sup.schema.sglang_version}'s {what} refused it"
+        f"{where}: {message}{also}",
+    )
+
+
+#: Resolved values named in the validate phase's detail (all of them are in the
+#: operation's ``resolved``).
+_SHOWN = (
+    "mem_fraction_static",
+    "chunked_prefill_size",
+    "max_running_requests",
+    "cuda_graph_max_bs",
+    "page_size",
+    "attention_backend",
+)
+
+
+def describe_verdict(verdict: Verdict) -> str:
+    """One line: how long SGLang took, what it resolved, and what did not run."""
+    text = f"SGLang's parser, resolution and checks: {verdict.duration_s:.2f} s"
+    shown = [
+        f"{k} {verdict.resolved[k]}"
+        for k in _SHOWN
+        if k in verdict.resolved and verdict.resolved[k] is not None
+    ]
+    if shown:
+        text += "; resolved " + ", ".join(shown)
+    if verdict.resolved.get("max_running_requests") is None and verdict.resolved:
+        text += ", max_running_requests decided at start-up from the KV pool"
+    if verdict.not_run:
+        text += "; not run: " + "; ".join(verdict.not_run)
+    return text
+
+
+async def _parse_only(
+    sup: Supervisor, checked: LeverSet, detail: str
+) -> tuple[LeverSet, str, Verdict | None]:
+    """Stage (b) without resolution, when the managed GPUs' facts are unknown."""
     try:
         verdict = await asyncio.to_thread(
             check_argv, sup.settings.server.python, flags(sup, checked)
@@ -87,20 +211,15 @@ async def validate(sup: Supervisor, requested: LeverSet) -> tuple[LeverSet, str]
     if not verdict.ok:
         message = verdict.message or "refused"
         lever = lever_for_message(message, sup.schema, list(checked.levers))
-        what = "parser" if verdict.stage == "parse" else "cross-field checks"
         raise LeverError(
-            [
-                LeverProblem(
-                    lever, f"SGLang {sup.schema.sglang_version}'s {what} refused it: {message}"
-                )
-            ]
+            [LeverProblem(lever, f"SGLang {sup.schema.sglang_version} refused it: {message}")]
         )
-    detail += f"; SGLang's parser and checks: {verdict.duration_s:.2f} s"
-    if verdict.message:
-        # Some checks read values only SGLang's start-up resolves (from the model or
-        # the GPU): the ones before that ran; say where they stopped.
-        detail += f" (cross-field checks stopped early, {verdict.message})"
-    return checked, detail
+    return (
+        checked,
+        detail + f"; SGLang's parser: {verdict.duration_s:.2f} s; not run: SGLang's "
+        "resolution (the managed GPUs' compute capability is unknown)",
+        None,
+    )
 
 
 async def preflight(sup: Supervisor, levers: LeverSet) -> list[LeverProblem]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from supervisor.engine import routing
-from supervisor.engine.checks import refuse_if_foreign
+from supervisor.engine.checks import refuse_if_foreign, warm_resolution
 from supervisor.engine.server import (
     ServerInfo,
     StartFailed,
@@ -65,6 +65,7 @@ async def prepare(sup: Supervisor) -> None:
         except LeverError as exc:
             raise ValueError(f"the configured initial levers are invalid: {exc}") from exc
     sup.levers = initial
+    await warm_resolution(sup)
     if not sup.probe.pids_are_local():
         sup.warn(
             "GPU process ids come from another PID namespace (a container without the "

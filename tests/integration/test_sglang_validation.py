@@ -145,7 +145,8 @@ def test_validation_timings_are_reported(daemon: Daemon) -> None:
     r = daemon.apply({"chunked_prefill_size": 4096}, dry_run=True)
     validate = r.json()["operation"]["phases"][0]
     assert validate["name"] == "validate"
-    assert "SGLang's parser and checks" in validate["detail"]
+    assert "SGLang's parser, resolution and checks" in validate["detail"]
+    assert "not run: SGLang's model-dependent resolution" in validate["detail"]  # sim/llama
 
 
 def test_bundled_schema_equals_the_real_parser() -> None:

@@ -368,9 +368,7 @@ def _value_strategy(spec: FlagSpec) -> st.SearchStrategy[Any]:
         return st.booleans()
     if spec.choices:
         return st.sampled_from(spec.choices)
-    lo, lo_incl, hi, hi_incl, _ = lever_limits.RANGES.get(
-        spec.dest, (None, True, None, True, "")
-    )
+    lo, lo_incl, hi, hi_incl, _ = lever_limits.RANGES.get(spec.dest, (None, True, None, True, ""))
     if spec.type == "float":
         return st.floats(
             min_value=lo,
