@@ -134,6 +134,13 @@ def _tune(
     new["mem_fraction_static"] = min(
         new["mem_fraction_static"], sglang_reserve(gpu, new, is_mla).safe_fraction
     )
+    if new["mem_fraction_static"] <= 0:
+        reserve = sglang_reserve(gpu, new, is_mla)
+        raise PlanError(
+            f"SGLang 0.5.23 reserves {reserve.total_mib:.0f} MiB of each {gpu / MiB:.0f} MiB "
+            "GPU for activations and CUDA graphs: nothing is left for the weights and the KV "
+            "cache; use GPUs with more memory"
+        )
     # The host cache, where SGLang accepts one.
     budget = host_cache_budget_per_rank(hardware.host_ram_available_bytes, lay.ranks)
     p = pools(model, new, gpu)
