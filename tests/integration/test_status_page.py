@@ -147,6 +147,23 @@ def test_status_page_through_an_apply_and_a_rollback(
         p.wait(f"{STATE} === 'ready'", 30)
         assert lever(p, "mem_fraction_static") == ("0.9", "0.9")
         p.screenshot(shots / "status-page-rollback.png")
+
+        # /docs: the API reference from /openapi.json, usable with the tab's token.
+        docs = browser.page()
+        docs.goto(d.url + "/docs")
+        docs.wait("!!document.getElementById('op-get-status')", 15, "the /status entry")
+        assert "v" + str(d.status()["version"]) in "v" + docs.text("#version")
+        docs.fill("#token", TOKEN)
+        docs.click("#save-token")
+        docs.js("document.getElementById('op-get-status').open = true")
+        docs.click("#op-get-status [data-try]")
+        docs.wait(
+            "document.querySelector('#op-get-status [data-result-status]').innerText"
+            ".startsWith('200')",
+            15,
+            "GET /status from the docs page",
+        )
+        assert '"state": "ready"' in docs.text("#op-get-status [data-result]")
     finally:
         browser.close()
 
