@@ -14,7 +14,9 @@
 # one is missing the script installs it with apt-get if it runs as root, fails under CI=true
 # otherwise, and skips (exit 0, saying so) for a developer without root. Note: on a host
 # booted with systemd, installing Debian's prometheus package also starts a Prometheus
-# server (`systemctl disable --now prometheus` if you do not want one).
+# server and prometheus-alertmanager an Alertmanager (`systemctl disable --now prometheus
+# prometheus-alertmanager` if you do not want them). tests/integration/test_alertmanager.py
+# runs the Alertmanager binary against deploy/prometheus/alertmanager.example.yml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
