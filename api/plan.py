@@ -11,9 +11,11 @@ simulated server's model), the managed GPUs and their memory, the host's availab
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,9 +24,18 @@ from api.routes import SupervisorDep
 from supervisor import planner, preflight
 from supervisor.backend import Backend
 from supervisor.engine import SupervisorView
+from supervisor.engine.checks import gpu_facts
+from supervisor.engine.server import flags, server_env
+from supervisor.levers import LeverSet
 from supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
+from supervisor.planner.proposal import Resolver, Validator
+from supervisor.resolution import Verdict, resolve_levers
+from supervisor.sglang_parser import ParserUnavailable
 from supervisor.states import ServerState
 from supervisor.units import GiB
+
+if TYPE_CHECKING:
+    from supervisor.engine.supervisor import Supervisor
 
 router = APIRouter()
 
@@ -104,6 +115,49 @@ def resolve_model(
     )
 
 
+def sglang_oracle(sup: Supervisor) -> tuple[Validator | None, Resolver | None]:
+    """SGLang's own resolution pipeline, in the server's interpreter, as the planner's
+    validator (a candidate it refuses is never proposed) and source of defaults (its
+    resolved ``mem_fraction_static``); (None, None) where SGLang is not installed or the
+    GPUs are unknown: the planner's formulas are the fallback. Each lever set is asked
+    once per plan."""
+    if not sup.schema_live:
+        return None, None
+    facts = gpu_facts(sup)
+    if facts is None:
+        return None, None
+    answers: dict[str, Verdict | None] = {}
+
+    def ask(levers: Mapping[str, Any]) -> Verdict | None:
+        key = json.dumps(dict(levers), sort_keys=True, default=str)
+        if key not in answers:
+            candidate = LeverSet(dict(levers), dict(sup.levers.env))
+            try:
+                answers[key] = resolve_levers(
+                    sup.settings.server.python,
+                    flags(sup, candidate),
+                    server_env(sup, candidate),
+                    facts,
+                    cwd=sup.settings.server.cwd,
+                )
+            except ParserUnavailable:
+                answers[key] = None
+        return answers[key]
+
+    def validate(levers: Mapping[str, Any]) -> str | None:
+        verdict = ask(levers)
+        if verdict is None or verdict.ok:
+            return None
+        where = f" at {verdict.where}" if verdict.where else ""
+        return f"SGLang {verdict.sglang_version or ''} refuses it{where}: {verdict.message}"
+
+    def resolve(levers: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        verdict = ask(levers)
+        return verdict.resolved if verdict is not None and verdict.ok else None
+
+    return validate, resolve
+
+
 def _hardware(body: PlanRequest, view: SupervisorView) -> Hardware:
     """The GPUs and host RAM to plan for: the request's, else what the daemon manages."""
     managed = view.managed
@@ -168,7 +222,12 @@ def _avg_tokens(
     return planner.DEFAULT_AVG_TOKENS, "assumed (no live load; pass avg_tokens)"
 
 
-async def make_plan(body: PlanRequest, view: SupervisorView, backend: Backend) -> dict[str, Any]:
+async def make_plan(
+    body: PlanRequest,
+    view: SupervisorView,
+    backend: Backend,
+    oracle: tuple[Validator | None, Resolver | None] | None = None,
+) -> dict[str, Any]:
     """The proposal as JSON. ``PlanError`` when it cannot be made.
 
     The daemon's state is read on the event loop; reading the model directory runs in a
@@ -184,7 +243,10 @@ async def make_plan(body: PlanRequest, view: SupervisorView, backend: Backend) -
     hardware = _hardware(body, view)
     live = _live(view)
     avg, avg_source = _avg_tokens(body, view, backend, live)
-    plan: Plan = planner.propose(
+    validate, resolve = oracle if oracle is not None else (None, None)
+    # SGLang's own resolution blocks (seconds the first time): off the event loop.
+    plan: Plan = await asyncio.to_thread(
+        planner.propose,
         model,
         hardware,
         dict(view.levers.levers),
@@ -192,6 +254,8 @@ async def make_plan(body: PlanRequest, view: SupervisorView, backend: Backend) -
         avg_tokens_source=avg_source,
         target_concurrency=body.target_concurrency,
         live=live,
+        validate=validate,
+        resolve=resolve,
     )
     out = plan.to_json()
     unknown = [k for k in plan.levers if k not in view.schema.flags]
@@ -217,7 +281,7 @@ async def post_plan(sup: SupervisorDep, body: PlanRequest | None = None) -> dict
     422 when the model cannot be found or read, or the inputs cannot be planned for.
     """
     try:
-        return await make_plan(body or PlanRequest(), sup.view(), sup.backend)
+        return await make_plan(body or PlanRequest(), sup.view(), sup.backend, sglang_oracle(sup))
     except PlanError as exc:
         raise _refused(str(exc)) from exc
     except (ArithmeticError, ValueError) as exc:  # a config.json with impossible values

@@ -1,0 +1,98 @@
+"""The planner's copy of SGLang's rules against SGLang 0.5.23 itself: each case of
+tests/planner_cases.py resolved by SGLang's own pipeline (``supervisor.resolution``, in
+the parser environment built by scripts/sglang-parser-env.sh, an H200 supplied).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor import planner
+from supervisor.levers import LeverSet, check_levers, render_argv
+from supervisor.resolution import GpuFacts, Resolver
+from supervisor.schema import load_bundled
+from tests.helpers import Daemon
+from tests.planner_cases import CASES, H200, MODELS, Case, planner_model
+
+ROOT = Path(__file__).resolve().parents[2]
+SGLANG_PYTHON = os.environ.get(
+    "SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON", str(ROOT / ".venv-sglang" / "bin" / "python")
+)
+pytestmark = [
+    pytest.mark.sglang,
+    pytest.mark.skipif(
+        not Path(SGLANG_PYTHON).exists(),
+        reason=f"no SGLang environment at {SGLANG_PYTHON} (scripts/sglang-parser-env.sh)",
+    ),
+]
+SCHEMA = load_bundled()
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SUPERVISOR")}
+
+
+@pytest.fixture(scope="module")
+def resolver() -> Iterator[Resolver]:
+    r = Resolver()
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    dirs = {}
+    for name, config in MODELS.items():
+        d = root / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(config))
+        dirs[name] = d
+    return dirs
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_sglang_resolves_the_fraction_the_planner_predicts(
+    resolver: Resolver, model_dirs: dict[str, Path], case: Case
+) -> None:
+    levers = {"model_path": str(model_dirs[case.model]), **case.levers}
+    argv = render_argv(check_levers(LeverSet(levers), SCHEMA, complete=True), SCHEMA)
+    verdict = resolver.resolve(SGLANG_PYTHON, argv, ENV, GpuFacts.simulated(8, 143771))
+    assert verdict.ok, verdict
+    resolved = verdict.resolved.get("mem_fraction_static")
+    if resolved is None:
+        pytest.skip(f"SGLang's resolution did not size memory here: {verdict.not_run}")
+    cap = planner.capacity(planner_model(case.model), case.levers, H200, 4096)
+    assert resolved == case.fraction == cap.mem_fraction_static
+    for key in ("chunked_prefill_size", "max_running_requests"):
+        if key in case.extra:
+            assert verdict.resolved[key] == case.extra[key], key
+
+
+def test_post_plan_takes_sglangs_own_defaults_and_checks_its_proposal(
+    tmp_path: Path, model_dirs: dict[str, Path]
+) -> None:
+    """Where the server's interpreter has SGLang, /plan's current fraction is SGLang's
+    resolved one, and the proposal (attention DP for DeepSeek-V3) passed SGLang's own
+    resolution before it is shown."""
+    d = Daemon(
+        tmp_path,
+        gpus=8,
+        levers={"model_path": str(model_dirs["DeepSeek-V3"]), "tp_size": 8},
+        extra={"server": {"python": SGLANG_PYTHON}},
+        sim={"host_ram_gib": 512},
+    )
+    d.start()
+    try:
+        r = d.client.post("/plan", json={"avg_tokens": 4096})
+        assert r.status_code == 200, r.text
+        plan = r.json()
+        assert plan["current"]["mem_fraction_source"] == "SGLang's own resolution"
+        assert plan["current"]["mem_fraction_static"] == 0.886
+        assert plan["levers"]["attn_dp_size"] == 8
+        assert not [n for n in plan["notes"] if n.startswith("SGLang refuses")]
+    finally:
+        assert d.stop() == 0
+        d.client.close()
