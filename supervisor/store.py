@@ -45,6 +45,9 @@ class RecordedServer:
     tag: str
     log_path: str
     levers: dict[str, Any]
+    #: It answered /health_generate once: at adoption it is judged by the liveness
+    #: rules (hung or not), not given a start's whole ready timeout.
+    ready: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -53,6 +56,7 @@ class RecordedServer:
             "tag": self.tag,
             "log_path": self.log_path,
             "levers": self.levers,
+            "ready": self.ready,
         }
 
 
@@ -67,6 +71,9 @@ class PersistedState:
     load_warning: str | None = None
     #: Per-GPU memory used with nothing of ours running (NVML index -> bytes).
     baseline: dict[int, int] | None = None
+    #: The operator's stop that left the server stopped (its operation id): a restarted
+    #: daemon leaves it stopped until an operator starts it. None once anything launches.
+    stopped_by: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,6 +84,7 @@ class PersistedState:
             "baseline": None
             if self.baseline is None
             else {str(k): v for k, v in sorted(self.baseline.items())},
+            "stopped_by": self.stopped_by,
         }
 
     @classmethod
@@ -90,12 +98,16 @@ class PersistedState:
             raise ValueError(f"pending_operation is {type(pending).__name__}, not an object")
         if baseline and not isinstance(baseline, dict):
             raise ValueError(f"baseline is {type(baseline).__name__}, not an object")
+        stopped_by = data.get("stopped_by")
+        if stopped_by is not None and not isinstance(stopped_by, str):
+            raise ValueError(f"stopped_by is {type(stopped_by).__name__}, not a string")
         return cls(
             levers=_lever_set(data, "levers"),
             last_good=_lever_set(data, "last_good"),
             server=_recorded_server(server) if server else None,
             pending_operation=pending,
             baseline={int(k): int(v) for k, v in baseline.items()} if baseline else None,
+            stopped_by=stopped_by,
         )
 
 
@@ -121,11 +133,13 @@ def _recorded_server(value: Any) -> RecordedServer:
         "log_path": str,
         "levers": dict,
     }
-    if not isinstance(value, dict) or set(value) != set(shape):
-        raise ValueError(f"server is not an object with exactly {sorted(shape)}")
+    if not isinstance(value, dict) or set(value) - {"ready"} != set(shape):
+        raise ValueError(f"server is not an object with exactly {sorted(shape)} (and ready)")
     for key, kind in shape.items():
         if not isinstance(value[key], kind) or isinstance(value[key], bool):
             raise ValueError(f"server.{key} has the wrong type ({type(value[key]).__name__})")
+    if not isinstance(value.get("ready", False), bool):
+        raise ValueError("server.ready is not true or false")
     return RecordedServer(**value)
 
 

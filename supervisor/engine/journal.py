@@ -60,6 +60,19 @@ class Journal:
         self._state.server = RecordedServer(
             handle.pid, handle.create_time, handle.tag, str(handle.log_path), levers.to_json()
         )
+        self._state.stopped_by = None  # something runs again: an operator's stop is over
+        await self._save_quietly()
+
+    async def record_ready(self) -> None:
+        """The recorded server answered /health_generate: a restarted daemon that finds
+        it not answering judges it by the liveness rules (hung), not a start timeout."""
+        if self._state.server is not None and not self._state.server.ready:
+            self._state.server.ready = True
+            await self._save_quietly()
+
+    async def record_operator_stop(self, op_id: str) -> None:
+        """An operator stopped the server: it stays stopped across daemon restarts."""
+        self._state.stopped_by = op_id
         await self._save_quietly()
 
     async def record_gone(self) -> None:

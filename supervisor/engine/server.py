@@ -201,6 +201,29 @@ async def wait_ready(sup: Supervisor, op: Operation, handle: ServerHandle) -> No
     sup.transition(
         S.READY, f"pid {handle.pid} answered /health_generate after {sup.clock() - t0:.1f}s"
     )
+    await sup.journal.record_ready()
+
+
+async def judge_hung(sup: Supervisor, op: Operation, handle: ServerHandle, detail: str) -> None:
+    """A server that had been ready does not answer now (found at a daemon's start-up):
+    hung or only busy? The liveness rules decide — ``liveness_failures`` failed probes in
+    a row, ``liveness_interval_s`` apart — not a start's whole ``ready_timeout_s``.
+    Returns once it answers; raises ``StartFailed`` (hung) or ``Cancelled``."""
+    t = sup.settings.timeouts
+    failures = 1  # the probe that found it not answering
+    while failures < t.liveness_failures:
+        await pause(sup, op, t.liveness_interval_s)
+        if handle.poll():
+            raise StartFailed(await exit_reason(handle, "while being adopted"))
+        probe = await sup.health.generate_ok(sup.url, t.liveness_timeout_s)
+        if probe.ok:
+            return
+        failures += 1
+        detail = probe.detail
+    raise StartFailed(
+        f"hung: pid {handle.pid} had been ready but failed {failures} liveness probes in a "
+        f"row at adoption (last: {detail})"
+    )
 
 
 async def watch_probation(sup: Supervisor, op: Operation, handle: ServerHandle) -> None:

@@ -10,19 +10,22 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from supervisor.backend import ServerHandle
 from supervisor.engine import routing
 from supervisor.engine.checks import refuse_if_foreign, warm_resolution
 from supervisor.engine.server import (
     ServerInfo,
     StartFailed,
     checkpoint,
+    judge_hung,
     launch_until_ready,
     members_now,
     release_timeout,
     teardown,
     wait_ready,
+    watch_probation,
 )
-from supervisor.engine.transaction import commit, recover
+from supervisor.engine.transaction import commit, recover, roll_back
 from supervisor.gpu import GpuInfo, GpuQueryError, resolve_gpus, wait_released
 from supervisor.levers import LeverError, LeverSet, check_levers
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
@@ -111,6 +114,14 @@ async def initial_start(sup: Supervisor, op: Operation) -> None:
         op.finish(FAILED, str(exc))
         return
     checkpoint(sup, op)
+    if persisted.stopped_by is not None:
+        op.phase(PhaseName.START).end(
+            SUCCEEDED,
+            f"not started: an operator stopped the server (operation {persisted.stopped_by}) "
+            "before the daemon restarted; POST /start to start it",
+        )
+        op.finish(SUCCEEDED)
+        return
     if await refuse_if_foreign(sup, op):
         return
     pending = persisted.pending_operation
@@ -174,20 +185,42 @@ async def try_adopt(sup: Supervisor, op: Operation, record: RecordedServer) -> b
         f"adopting pid {record.pid} (launch {record.tag}) left running by an earlier daemon",
     )
     try:
+        if not probe.ok and record.ready:
+            await judge_hung(sup, op, handle, probe.detail)
         await wait_ready(sup, op, handle)
     except StartFailed as exc:
         ph.end(FAILED, str(exc))
         await recover(sup, op, str(exc))
         return True
     ph.end(SUCCEEDED, f"pid {record.pid} adopted: no restart, levers {levers.digest()}")
+    if interrupted_apply and not await finish_probation(sup, op, handle):
+        return True
     await routing.join(sup, op)  # make sure the router lists it (a no-op when it does)
     if sup.last_good is None or interrupted_apply:
-        # The interrupted apply had reached ready: finish it.
+        # The interrupted apply had reached ready and passed its probation: finish it.
         await commit(sup, op, levers)
     else:
         await sup.journal.clear_pending()
         op.levers_effective = levers.to_json()
         op.finish(SUCCEEDED)
+    return True
+
+
+async def finish_probation(sup: Supervisor, op: Operation, handle: ServerHandle) -> bool:
+    """The interrupted apply's server is ready, but its probation never ended: watch it
+    for the whole window now; untested levers never become last-good. On a failure, roll
+    back to the last-good levers (False)."""
+    if sup.settings.timeouts.probation_s <= 0:
+        return True
+    ph = op.phase(PhaseName.PROBATION)
+    try:
+        await watch_probation(sup, op, handle)
+    except StartFailed as exc:
+        ph.end(FAILED, str(exc))
+        await roll_back(sup, op, f"the interrupted apply's new server failed probation: {exc}")
+        await sup.journal.clear_pending()
+        return False
+    ph.end(SUCCEEDED, f"pid {handle.pid} still serving")
     return True
 
 

@@ -41,6 +41,7 @@ async def apply(sup: Supervisor, op: Operation, new: LeverSet, drain_s: float) -
     """journal -> drain -> stop and release -> launch with probation -> commit, or roll
     back to the last-good levers. Validation and preflight ran before (nothing stopped)."""
     await sup.journal.begin_apply(op.id, new)
+    exiting = False
     try:
         if not await drain_or_cancel(sup, op, drain_s):
             return
@@ -54,10 +55,14 @@ async def apply(sup: Supervisor, op: Operation, new: LeverSet, drain_s: float) -
                 return
             op.rollback_reason = refused
         await roll_back(sup, op, op.rollback_reason or "the new levers failed")
+    except asyncio.CancelledError:
+        exiting = True  # the event loop is going away with the process
+        raise
     finally:
-        # Whatever the outcome, the apply is no longer pending (a SIGKILLed daemon never
-        # gets here, and its successor reports the interrupted apply).
-        await sup.journal.clear_pending()
+        # Whatever the outcome, the apply is no longer pending. A daemon that dies in the
+        # middle never gets here, and its successor reports the interrupted apply.
+        if not exiting:
+            await sup.journal.clear_pending()
 
 
 async def drain_or_cancel(sup: Supervisor, op: Operation, drain_s: float) -> bool:
@@ -183,6 +188,7 @@ async def stop(sup: Supervisor, op: Operation) -> None:
     verify release, stay stopped (and out of the router)."""
     await routing.leave_and_drain(sup, op)
     if await stop_and_release(sup, op, f"operator stop ({op.id})", S.STOPPED):
+        await sup.journal.record_operator_stop(op.id)  # stays stopped across daemon restarts
         op.levers_effective = None
         op.finish(SUCCEEDED)
     else:

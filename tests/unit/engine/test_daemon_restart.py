@@ -10,9 +10,11 @@ operation and the error say.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from supervisor.config import Settings
 from supervisor.levers import LeverSet
-from supervisor.operations import SUCCEEDED
+from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
 from supervisor.store import PersistedState, Store
 from tests.unit.engine.common import (
     HELD_PER_RANK,
@@ -21,6 +23,7 @@ from tests.unit.engine.common import (
     idle,
     launched,
     nothing_held,
+    settle,
 )
 from tests.unit.fakes import (
     INITIAL_LEVERS,
@@ -35,6 +38,12 @@ from tests.unit.fakes import (
 )
 
 # ---------------------------------------------------------- daemon restarts
+
+
+def make_settings_like(rig: Rig, **timeouts: Any) -> Settings:
+    """The same daemon (state dir, instance, port), with other timeouts."""
+    t = rig.settings.timeouts.model_copy(update=timeouts)
+    return rig.settings.model_copy(update={"timeouts": t})
 
 
 def test_a_restarted_daemon_starts_the_last_good_levers(tmp_path: Path) -> None:
@@ -194,3 +203,141 @@ def test_persisted_levers_that_no_longer_fit_sglang_fall_back_to_the_configured(
         await rig.sup.shutdown()
 
     run(main)
+
+
+# ------------------------------------- a restart finishes what was started, honestly
+
+
+def test_a_daemon_killed_in_probation_finishes_it_on_adopt_and_rolls_back(
+    tmp_path: Path,
+) -> None:
+    """The daemon died while the new levers were in probation. The restarted daemon
+    adopts the new server, watches the rest of its probation, sees it crash, and rolls
+    back: the untested levers never become last-good."""
+    procs = FakeProcessOps(FakeProbe())
+    first = make_rig(tmp_path, procs=procs, probation_s=30.0)
+
+    async def before() -> None:
+        await first.start_ready()
+        await first.sup.submit_apply({"mem_fraction_static": 0.9}, {})
+        await until(lambda: len(procs.spawns) == 2 and first.sup.state == S.READY)
+        # The loop ends here, in probation, without shutdown(): the daemon was SIGKILLed.
+
+    run(before)
+    new = procs.handles[1]
+    new.ready_at = None
+    new.behaviour.crash_after_ready_s = 0.2  # after the next daemon's first probe
+    second = make_rig(tmp_path, procs=procs, settings=make_settings_like(first, probation_s=1.0))
+
+    async def after() -> None:
+        await second.sup.start()
+        op = second.sup.operation
+        assert op is not None
+        await settle(second, op)
+        assert op.state == ROLLED_BACK, op.error
+        assert "failed probation" in (op.rollback_reason or "")
+        status = await second.sup.status()
+        assert status["last_good_levers"]["levers"] == INITIAL_LEVERS
+        assert status["levers"] == INITIAL_LEVERS
+        serving = procs.current()
+        assert serving is procs.handles[2]
+        argv = procs.spawns[2].argv
+        assert argv[argv.index("--mem-fraction-static") + 1] == "0.8"
+        assert Store(tmp_path).load().pending_operation is None
+        await second.sup.shutdown()
+
+    run(after)
+
+
+def test_a_failed_apply_is_not_reported_as_interrupted_after_a_restart(tmp_path: Path) -> None:
+    first = make_rig(tmp_path)
+
+    async def before() -> None:
+        await first.start_ready()
+        first.procs.plan(Behaviour(exit_on_start=1), Behaviour(exit_on_start=3))
+        op = await apply(first, {"mem_fraction_static": 0.9})
+        assert op.state == FAILED
+        await first.sup.shutdown()
+
+    run(before)
+    assert Store(tmp_path).load().pending_operation is None
+    second = make_rig(tmp_path, settings=first.settings)
+
+    async def after() -> None:
+        await second.start_ready()
+        start = second.sup.ops.last
+        assert start is not None
+        assert "interrupted_apply" not in [p.name for p in start.phases]
+        await second.sup.shutdown()
+
+    run(after)
+
+
+def test_an_operators_stop_survives_a_daemon_restart(tmp_path: Path) -> None:
+    first = make_rig(tmp_path)
+
+    async def before() -> None:
+        await first.start_ready()
+        stop = await settle(first, first.sup.submit_stop())
+        assert stop.state == SUCCEEDED
+        await first.sup.shutdown()
+
+    run(before)
+    second = make_rig(tmp_path, settings=first.settings)
+
+    async def after() -> None:
+        await second.sup.start()
+        op = second.sup.operation
+        assert op is not None
+        await settle(second, op)
+        assert op.state == SUCCEEDED
+        assert second.procs.spawns == []
+        status = await second.sup.status()
+        assert status["state"] == "stopped" and status["server"] is None
+        assert "an operator stopped the server" in str([p.detail for p in op.phases])
+        start = await settle(second, await second.sup.submit_start())
+        assert start.state == SUCCEEDED
+        assert len(second.procs.spawns) == 1
+        await second.sup.shutdown()
+
+    run(after)
+    third = make_rig(tmp_path, settings=first.settings)
+
+    async def later() -> None:
+        await third.start_ready()  # started again by the operator: a restart starts it
+        assert len(third.procs.spawns) == 1
+        await third.sup.shutdown()
+
+    run(later)
+
+
+def test_a_hung_server_found_at_restart_is_judged_by_the_liveness_rules(
+    tmp_path: Path,
+) -> None:
+    """It had been ready; now /health_generate times out. Not a start: its ready timeout
+    (10 minutes here) is not waited out; after liveness_failures probes it is replaced."""
+    procs = FakeProcessOps(FakeProbe())
+    first = make_rig(tmp_path, procs=procs)
+
+    async def before() -> None:
+        await first.start_ready()  # then the daemon dies
+
+    run(before)
+    hung = procs.handles[0]
+    hung.hung = True
+    second = make_rig(
+        tmp_path, procs=procs, settings=make_settings_like(first, ready_timeout_s=600.0)
+    )
+
+    async def after() -> None:
+        await second.sup.start()
+        op = second.sup.operation
+        assert op is not None
+        await settle(second, op, timeout=5.0)
+        assert op.state == SUCCEEDED, op.error
+        assert "hung" in str([p.detail for p in op.phases])
+        assert hung.returncode is not None
+        assert (await second.sup.status())["server"]["pid"] == procs.handles[1].pid
+        await second.sup.shutdown()
+
+    run(after)
