@@ -195,6 +195,7 @@ class Engine:
         self._finishing: list[tuple[float, int, _Request]] = []
         self._seq = itertools.count()
         self._running = 0
+        self._real_running = 0
         self._used = 0
         self._real_inflight = 0
         self._gen_total = 0
@@ -346,7 +347,8 @@ class Engine:
                 queued=len(self._pending),
                 tokens=self._used,
                 token_usage=min(1.0, usage),
-                gen_throughput=self._running * DECODE_TOKENS_PER_S,
+                gen_throughput=(self._running - self._real_running) * DECODE_TOKENS_PER_S
+                + self._real_running * self.tokens_per_s,
                 cache_hit_rate=cached / prompt if prompt else 0.0,
                 generation_tokens_total=self._gen_total,
                 prompt_tokens_total=self._prompt_total,
@@ -395,6 +397,7 @@ class Engine:
                 break
             self._pending.popleft()
             self._running += 1
+            self._real_running += 0 if req.synthetic else 1
             self._used += req.need
             req.cached = self._lookup(req)
             req.admitted = True
@@ -409,6 +412,7 @@ class Engine:
 
     def _release(self, req: _Request) -> None:
         self._running -= 1
+        self._real_running -= 0 if req.synthetic else 1
         self._used -= req.need
         self._running_keys[req.key] -= 1
         if self._running_keys[req.key] <= 0:
