@@ -98,7 +98,7 @@ def test_a_router_that_does_not_answer_never_blocks_a_stop(daemon_factory: type[
     status = d.status()
     assert status["state"] == "ready"  # it serves; the router's failure is reported
     assert status["router"]["registered"] is None
-    assert f"router unreachable: POST {away}/workers failed" in status["router"]["error"]
+    assert f"router unreachable: GET {away}/workers failed" in status["router"]["error"]
     r = d.client.post("/stop", params={"wait": "true"})
     op = r.json()["operation"]
     assert op["state"] == "succeeded", op
@@ -127,3 +127,27 @@ def test_rollout_under_streaming_load_fails_and_cuts_nothing(tmp_path: Path) -> 
     assert result.rollout_exit == 0, result.rollout_output
     assert result.during["requests"] > 0
     assert (result.total["failed"], result.total["truncated"]) == (0, 0), result.total
+
+
+def test_an_adopted_server_stays_registered_and_a_daemon_exit_takes_it_out(
+    daemon_factory: type[Daemon], router: Router
+) -> None:
+    d = daemon_factory(gpus=2, extra={"router": {"url": router.url}})
+    d.env["SGLANG_SUPERVISOR_KEEP_SERVER"] = "1"
+    d.start()
+    me = f"http://127.0.0.1:{d.server_port}"
+    wait_until(lambda: worker_urls(router) == [me], 30, 0.1, "the router to list the server")
+    ids = [w["id"] for w in router.workers()]
+    pid = d.status()["server"]["pid"]
+    assert d.stop() == 0  # keep mode: the server serves on, still in the router
+    assert [w["id"] for w in router.workers()] == ids
+    d.start()
+    status = d.status()
+    assert status["server"]["pid"] == pid and status["router"]["registered"] is True
+    assert [w["id"] for w in router.workers()] == ids  # the same registration, not a new one
+    d.env.clear()
+    assert d.stop() == 0
+    d.start()  # without keep mode the daemon's exit takes the server out of the router
+    wait_until(lambda: worker_urls(router) == [me], 30, 0.1, "the router to list the server")
+    assert d.stop() == 0
+    assert router.workers() == []
