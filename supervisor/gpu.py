@@ -128,6 +128,9 @@ class ReleaseResult:
     #: Clean samples in a row at the end, and how many were required.
     streak: int = 0
     required: int = 1
+    #: Ended early: no member left, every byte above baseline held by these foreign
+    #: pids (waiting would not change that: they are never killed automatically).
+    blocked_by: list[int] = field(default_factory=list)
 
     def describe(self) -> str:
         if self.released:
@@ -144,7 +147,18 @@ class ReleaseResult:
             why = f"clean for only {self.streak} of the {self.required} samples required"
         else:
             why = self.error or "no sample succeeded"
+        if self.blocked_by:
+            return (
+                f"GPUs not released after {self.elapsed_s:.1f}s: {why}; no member of ours "
+                f"is left, and what is held above baseline belongs to pids {self.blocked_by}, "
+                "not ours (never killed automatically): stop them or take their GPU out of "
+                "server.gpus"
+            )
         return f"GPUs not released after {self.elapsed_s:.1f}s: {why}"
+
+
+#: How long memory may lag behind its process's exit before foreign pids are blamed.
+FOREIGN_SETTLE_S = 1.0
 
 
 def wait_released(
@@ -165,11 +179,16 @@ def wait_released(
 
     A GPU is released when no pid of ``members()`` is in its process list and its used
     memory is at most ``baseline + tolerance``, for ``consecutive`` samples in a row. A
-    failed query resets the count (it is never "zero"). Blocking: run it in a thread.
+    failed query resets the count (it is never "zero"). When, for ``consecutive`` samples
+    in a row (and ``FOREIGN_SETTLE_S``), no member is on any GPU and every byte above
+    baseline is held by named foreign pids, it fails then (``blocked_by``) instead of
+    waiting out ``timeout_s``.
+    Blocking: run it in a thread.
     """
     start = clock()
     deadline = start + timeout_s
     streak = 0
+    blocked = 0  # samples in a row that only foreign pids hold memory above baseline
     n = 0
     last: list[GpuReleaseState] = []
     error: str | None = None
@@ -180,16 +199,26 @@ def wait_released(
         except GpuQueryError as exc:
             error = str(exc)
             streak = 0
+            blocked = 0
         else:
             if on_sample is not None:
                 on_sample(samples)
             member_set = set(members()) if probe.pids_are_local() else set()
             last = []
+            foreign_excess = probe.pids_are_local()
             for s in samples:
                 pids = [p.pid for p in s.processes]
                 mine = sorted(p for p in pids if p in member_set)
                 base = baseline_bytes[s.index]  # measured for every managed GPU, never 0
                 ok = not mine and s.memory_used_bytes <= base + tolerance_bytes
+                if not ok:
+                    # Held above baseline with no member of ours on it: is every such
+                    # byte accounted for by named foreign processes?
+                    excess = s.memory_used_bytes - base - tolerance_bytes
+                    theirs = [p.used_bytes for p in s.processes if p.pid not in member_set]
+                    foreign_excess = foreign_excess and not mine and bool(theirs)
+                    foreign_excess = foreign_excess and None not in theirs
+                    foreign_excess = foreign_excess and sum(b or 0 for b in theirs) >= excess
                 last.append(
                     GpuReleaseState(
                         index=s.index,
@@ -201,9 +230,14 @@ def wait_released(
                     )
                 )
             streak = streak + 1 if all(g.released for g in last) else 0
+            stuck = streak == 0 and foreign_excess
+            blocked = blocked + 1 if stuck else 0
         now = clock()
         if streak >= consecutive:
             return ReleaseResult(True, now - start, n, last, error, streak, consecutive)
+        if blocked >= consecutive and now - start >= min(timeout_s, FOREIGN_SETTLE_S):
+            foreign = sorted({p for g in last if not g.released for p in g.foreign_pids})
+            return ReleaseResult(False, now - start, n, last, error, 0, consecutive, foreign)
         if now >= deadline:
             return ReleaseResult(False, now - start, n, last, error, streak, consecutive)
         sleep(min(interval_s, max(0.0, deadline - now)))

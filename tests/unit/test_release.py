@@ -227,3 +227,45 @@ def test_a_stop_takes_the_configured_number_of_clean_samples(
         return [e for e in events if e["kind"] == "release_sample" and e["operation"] == op.id]
 
     assert len(run(scenario)) == configured
+
+
+FOREIGN_PID = 77_001
+
+
+def test_release_fails_fast_when_only_a_foreign_process_holds_memory() -> None:
+    """Our rank is gone; a process that is not ours holds 10 GiB above baseline on GPU 1.
+    Waiting cannot help (it is never killed): fail after the settle time, naming it,
+    instead of waiting out a 60 s timeout."""
+    probe, clock = FakeProbe(baseline_bytes=BASE), FakeClock()
+    probe.hold(FOREIGN_PID, 1, 10 * GIB)
+    result = release(probe, clock, timeout_s=60.0, consecutive=3)
+    assert not result.released
+    assert result.blocked_by == [FOREIGN_PID]
+    assert result.elapsed_s < 5.0
+    text = result.describe()
+    assert f"pids [{FOREIGN_PID}]" in text and "GPU 1: 10240 MiB above baseline" in text
+
+
+def test_release_waits_when_memory_above_baseline_is_not_all_foreign() -> None:
+    """A foreign process holds 1 GiB, but 40 GiB more are held with no pid listed (our
+    memory not yet returned): not blocked by the foreign process while that lasts; once
+    it is back, only the foreign process is left and it is named."""
+    probe, clock = FakeProbe(baseline_bytes=BASE), FakeClock()
+    baseline = dict(probe.baseline)
+    probe.hold(FOREIGN_PID, 0, 1 * GIB)
+    probe.baseline[0] += 40 * GIB  # held without a pid (the driver is still freeing it)
+    clock.at(3.0, lambda: probe.baseline.__setitem__(0, BASE))
+    result = wait_released(
+        probe,
+        [0, 1],
+        baseline,
+        lambda: {RANK_PID},
+        timeout_s=60.0,
+        tolerance_bytes=TOLERANCE,
+        consecutive=3,
+        interval_s=0.05,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert result.elapsed_s >= 3.0
+    assert result.blocked_by == [FOREIGN_PID]

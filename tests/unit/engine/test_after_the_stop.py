@@ -158,3 +158,27 @@ def test_start_just_after_the_launcher_died_cleans_up_and_starts(tmp_path: Path)
         await rig.sup.shutdown()
 
     run(main)
+
+
+def test_a_stop_blocked_only_by_a_foreign_process_fails_at_once_naming_it(
+    tmp_path: Path,
+) -> None:
+    """A process that is not ours took 10 GiB on GPU 1 after the baseline: once our
+    server is gone, waiting the 60 s release timeout cannot help."""
+    rig = make_rig(tmp_path, release_timeout_s=60.0, release_samples=3)
+
+    async def main() -> None:
+        await rig.start_ready()
+        rig.probe.hold(99_999, 1, 10 * GIB)
+        op = await settle(rig, rig.sup.submit_stop(), timeout=10.0)
+        assert op.state == FAILED
+        assert "belongs to pids [99999]" in (op.error or "")
+        assert state_of(rig) == S.FAILED
+        assert rig.procs.alive_pids() == set()
+        assert 99_999 in {
+            p["pid"] for g in (await rig.sup.status())["gpus"] for p in g["processes"]
+        }
+        rig.probe.free(99_999)
+        await rig.sup.shutdown()
+
+    run(main)
