@@ -8,9 +8,11 @@ turns a checked set into an argv list — never a shell string.
 
 from __future__ import annotations
 
+import decimal
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -214,8 +216,12 @@ def _check_one(spec: FlagSpec, value: Any) -> tuple[Value | None, str | None]:
             v, err = _coerce_scalar(spec, item)
             if err is None and v is not None:
                 err = _check_choice(spec, v)
-                if isinstance(v, str) and v.startswith("-") and not _is_number(v):
-                    err = f"list item {v!r} starts with '-' and would be read as a flag"
+                if isinstance(v, str) and v.startswith("-") and not _ARGPARSE_NEGATIVE.match(v):
+                    err = (
+                        f"list item {shown(v)!r} starts with '-' and argparse would read it "
+                        "as a flag (it takes only -N and -N.N as negative numbers; write "
+                        "-1e-05 as -0.00001)"
+                    )
             if err is not None:
                 return None, err
             assert v is not None
@@ -227,12 +233,8 @@ def _check_one(spec: FlagSpec, value: Any) -> tuple[Value | None, str | None]:
     return (v, None) if err is None else (None, err)
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+#: argparse's own test for "a negative number, not a flag" (``_negative_number_matcher``).
+_ARGPARSE_NEGATIVE = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
 
 def check_levers(levers: LeverSet, schema: FlagSchema, *, complete: bool = False) -> LeverSet:
@@ -357,5 +359,9 @@ def _text(value: Scalar) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return repr(value)
+        text = repr(value)
+        if text.startswith("-") and not _ARGPARSE_NEGATIVE.match(text) and math.isfinite(value):
+            # argparse reads "-1e-05" as a flag: the same number in positional notation.
+            return format(decimal.Decimal(text), "f")
+        return text
     return str(value)
