@@ -124,7 +124,11 @@ class SupervisorView:
             "operation": None if self.operation is None else dict(self.operation),
             "last_operation": None
             if last is None
-            else {k: last[k] for k in ("id", "kind", "state", "error", "ended_at")},
+            else {
+                **{k: last[k] for k in ("id", "kind", "state", "error", "ended_at")},
+                # What SGLang's resolution made of that operation's levers (validate).
+                "resolved": last.get("resolved") or {},
+            },
             "restarts": self.restarts,
             "restarts_by_reason": dict(self.restarts_by_reason),
             "throughput": self.throughput.to_json(),

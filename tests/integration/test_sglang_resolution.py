@@ -212,3 +212,8 @@ def test_a_good_set_shows_what_sglang_resolved(daemon: Daemon) -> None:
     assert validate["name"] == "validate"
     assert "resolved mem_fraction_static" in validate["detail"]
     assert "max_running_requests decided at start-up" in validate["detail"]
+    # A real apply: the operation in /status carries the same resolved values.
+    r = daemon.apply(levers, replace=True)
+    assert r.status_code == 200 and r.json()["operation"]["state"] == "succeeded", r.text
+    last = daemon.status()["last_operation"]
+    assert last["resolved"]["chunked_prefill_size"] == 4096, last
