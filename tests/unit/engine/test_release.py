@@ -80,3 +80,23 @@ def test_sigterm_ignored_is_escalated_to_sigkill(tmp_path: Path) -> None:
         await rig.sup.shutdown()
 
     run(main)
+
+
+def test_release_takes_the_configured_number_of_clean_samples(tmp_path: Path) -> None:
+    """release_samples = 4: the GPUs are judged released only after four clean samples in
+    a row, each one visible on GET /events as a release_sample."""
+    rig = make_rig(tmp_path, release_samples=4)
+
+    async def main() -> None:
+        await rig.start_ready()
+        op = await settle(rig, rig.sup.submit_stop())
+        assert op.state == SUCCEEDED
+        samples = [
+            e
+            for e in rig.sup.events.recent()
+            if e["kind"] == "release_sample" and e["operation"] == op.id
+        ]
+        assert len(samples) == 4
+        await rig.sup.shutdown()
+
+    run(main)
