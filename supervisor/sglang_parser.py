@@ -39,9 +39,12 @@ class ParserUnavailable(RuntimeError):
 
 
 def _run(python: str, args: list[str], stdin: str | None, timeout_s: float) -> str:
+    """Run ``python`` in the environment the server inherits (its ``PYTHONPATH``
+    included: an SGLang installed that way is found), never with ``-I``; the probes run
+    as ``-c`` source so that their own directory is not on ``sys.path``."""
     try:
         out = subprocess.run(
-            [python, "-I", *args],
+            [python, *args],
             input=stdin,
             capture_output=True,
             text=True,
@@ -74,7 +77,7 @@ def sglang_version(python: str, timeout_s: float = 30) -> str | None:
 
 def read_schema(python: str, timeout_s: float = 180) -> FlagSchema:
     """Build SGLang's parser in ``python`` and describe every flag (a few seconds)."""
-    text = _run(python, [str(PROBE)], None, timeout_s)
+    text = _run(python, ["-c", PROBE.read_text()], None, timeout_s)
     try:
         data = json.loads(text)
         return FlagSchema.from_probe_output(data, source=python)
@@ -143,7 +146,7 @@ class ParserVerdict:
 def check_argv(python: str, argv: list[str], timeout_s: float = 60) -> ParserVerdict:
     """Run SGLang's ``prepare_server_args(argv)`` and ``check_server_args()`` in ``python``."""
     t0 = time.monotonic()
-    text = _run(python, [str(PROBE), "--validate"], json.dumps(argv), timeout_s)
+    text = _run(python, ["-c", PROBE.read_text(), "--validate"], json.dumps(argv), timeout_s)
     try:
         data = json.loads(text)
     except ValueError as exc:
