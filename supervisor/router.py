@@ -276,7 +276,14 @@ class RouterLink:
     async def join(self) -> str:
         # Only when not listed: the router queues every POST /workers as a job, and a
         # duplicate one still queued could re-add the worker after a later removal.
-        if await self.client.find(self._worker_url) is None:
+        listed = await self.client.find(self._worker_url)
+        if listed is not None and not listed.healthy:
+            # Marked unhealthy (say after an unplanned crash): its health checker would
+            # take up to --health-check-interval-secs to notice the new server; re-add it.
+            await self.client.remove(self._worker_url)
+            await self.client.wait_gone(self._worker_url, timeout_s=self.settings.healthy_timeout_s)
+            listed = None
+        if listed is None:
             await self.client.add(self._worker_url)
         w = await self.client.wait_listed(
             self._worker_url, healthy=True, timeout_s=self.settings.healthy_timeout_s

@@ -11,7 +11,7 @@ import pytest
 
 from supervisor.config import RouterSettings, ServerSettings
 from supervisor.router import RouterClient, RouterError, build_link, default_worker_url
-from tests.integration.test_sim_server import Sims, sims
+from tests.integration.test_sim_server import Sims, sims, wait_until
 from tests.routerkit import Router, free_port, router_available
 
 __all__ = ["sims"]  # the fixture
@@ -101,3 +101,38 @@ def test_default_worker_url_reads_a_wildcard_host_as_loopback() -> None:
         "http://127.0.0.1:30001"
     )
     assert default_worker_url(ServerSettings(host="gpu-a", port=30000)) == "http://gpu-a:30000"
+
+
+def test_join_re_adds_a_worker_the_router_marked_unhealthy(tmp_path: Path, sims: Sims) -> None:
+    # Quick to mark a dead worker unhealthy, slow (30 s) to trust it again on its own.
+    fast = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1"]
+    fast += ["--health-success-threshold", "30"]
+    router = Router(tmp_path / "router.log", *fast)
+    try:
+        sim = sims.start()
+        sim.wait_ready()
+        worker = f"http://127.0.0.1:{sim.port}"
+        settings = RouterSettings(url=router.url, worker_url=worker, healthy_timeout_s=8)
+
+        async def join() -> str:
+            link = build_link(settings, ServerSettings())
+            try:
+                return await link.join()
+            finally:
+                await link.aclose()
+
+        asyncio.run(join())
+        sim.proc.kill()  # an unplanned death: nobody took it out of the router
+        sim.exited(10)
+
+        def marked_unhealthy() -> bool:
+            return [w.get("is_healthy") for w in router.workers()] == [False]
+
+        wait_until(marked_unhealthy, 20, "the router to mark the dead worker unhealthy")
+        sims.kill_all()
+        again = sims.start(port=sim.port)
+        again.wait_ready()
+        assert "healthy" in asyncio.run(join())
+        assert [w.get("is_healthy") for w in router.workers()] == [True]
+    finally:
+        router.stop()

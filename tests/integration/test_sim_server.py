@@ -171,9 +171,10 @@ class Sims:
         faults: str = "",
         env: dict[str, str] | None = None,
         metrics: bool = True,
+        port: int | None = None,
     ) -> Sim:
         """Launch ``--tp-size tp`` on ``gpus`` (default: tp) simulated GPUs, then ``flags``."""
-        port = free_port()
+        port = port or free_port()
         argv = ["--model-path", "sim/Llama-70B", "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--tp-size", str(tp), *(["--enable-metrics"] if metrics else []), *flags]
         log = self.tmp / f"server-{len(self.sims)}.log"
