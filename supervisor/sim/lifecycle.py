@@ -30,7 +30,7 @@ from typing import Any
 
 from supervisor.planner import ModelSpec
 from supervisor.schema import BUNDLED_VERSION
-from supervisor.sim import capacity, metrics
+from supervisor.sim import capacity, info, metrics
 from supervisor.sim.children import Children, ServerFailure, signal_name
 from supervisor.sim.faults import crash_report, oom_report
 from supervisor.sim.flags import ServerConfig, SimEnv, log
@@ -121,20 +121,12 @@ class Launcher:
         return str(self.phase.value)
 
     def model_info(self) -> dict[str, Any]:
-        cfg = self.cfg
-        return {
-            "model_path": cfg.model_path,
-            "served_model_name": cfg.served_model_name,
-            "tokenizer_path": cfg.args.get("tokenizer_path") or cfg.model_path,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": "default",
-        }
+        return info.model_info(self.cfg)
 
     def server_info(self) -> dict[str, Any]:
-        info = dict(self.cfg.args)
-        info.update(self.resolved.server_info())
-        info.update(
+        answer = dict(self.cfg.args)
+        answer.update(self.resolved.server_info())
+        answer.update(
             mem_fraction_static=self.mem_fraction,
             max_total_num_tokens=self.max_total_num_tokens,
             max_running_requests=self.engine.max_running,
@@ -147,23 +139,10 @@ class Launcher:
                 }
             ],
         )
-        return info
+        return answer
 
     def models(self) -> dict[str, Any]:
-        name = self.cfg.served_model_name
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": int(time.time()),
-                    "owned_by": "sglang",
-                    "root": self.cfg.model_path,
-                    "max_model_len": self.cfg.context_length,
-                }
-            ],
-        }
+        return info.models(self.cfg)
 
     def metrics_text(self) -> bytes | None:
         return metrics.render(self._registry) if self.cfg.enable_metrics else None
