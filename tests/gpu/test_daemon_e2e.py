@@ -273,6 +273,7 @@ def test_02_apply(ctx: Ctx) -> None:
         release_per_gpu_s=mon.release_s(e2e.wall(stop["started_at"]), ctx.baseline, TOL),
         stop_detail=stop["detail"],
         release_detail=next(p["detail"] for p in op["phases"] if p["name"] == "release"),
+        validate_detail=next(p["detail"] for p in op["phases"] if p["name"] == "validate"),
         rank_alloc_s=[r.get("alloc_s") for r in ctx.server_info()["standin"]["ranks"]],
         old_pid=old_pid,
         new_pid=st["server"]["pid"],
