@@ -34,6 +34,7 @@ from supervisor.health import HealthChecker
 from supervisor.levers import LeverSet, canonical_names
 from supervisor.operations import SUCCEEDED, Operation
 from supervisor.phases import OpKind
+from supervisor.resolution import default_resolver
 from supervisor.router import NoRouter, WorkerLink
 from supervisor.schema import FlagSchema
 from supervisor.sglang_parser import LoadedSchema
@@ -247,6 +248,9 @@ class Supervisor:
             await self.health.aclose()
             await self.router.aclose()
             self.probe.close()
+            # SGLang's warm resolution helpers (server.python): nothing of ours outlives
+            # the daemon, not even for the seconds a helper takes to notice EOF.
+            await asyncio.to_thread(default_resolver().close)
 
     # -------------------------------------------------------------- operations
 
