@@ -178,6 +178,8 @@ class Client:
     ) -> None:
         self.url = normalize_url(url)
         self.timeout_s = timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        self._abandoned = False
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._token = token
@@ -199,7 +201,20 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self.http.close()
+        if not self._abandoned:
+            self.http.close()
+
+    def renewed(self) -> Client:
+        """A new client of the same daemon with the same token and timeouts (its own
+        connections), for after a Ctrl-C that may have interrupted this one mid-call: this
+        one is abandoned (its ``close`` does nothing: a lock it held could block it)."""
+        self._abandoned = True
+        return Client(
+            self.url,
+            token=self._token,
+            timeout_s=self.timeout_s,
+            connect_timeout_s=self._connect_timeout_s,
+        )
 
     # ------------------------------------------------------------ plumbing
 

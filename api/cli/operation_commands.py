@@ -90,10 +90,26 @@ def follow_operation(
     try:
         final = follower.follow(op)
     except KeyboardInterrupt:
-        if not _cancel_on_interrupt(args, client, str(op_id)):
-            return EXIT_INTERRUPTED
+        follower.close()
+        # The interrupt may have landed inside the HTTP client (a lock taken, a half-read
+        # answer): the cancel and what follows go through a new one.
+        with client.renewed() as again:
+            return _after_interrupt(args, again, str(op_id))
+    if args.json:
+        print_json(final)
+        return outcome_exit(final.get("state"))
+    return report_outcome(client, final, terminal_width(), follower.logs.shown)
+
+
+def _after_interrupt(args: argparse.Namespace, client: Client, op_id: str) -> int:
+    """Ctrl-C while following: offer the cancel; when taken, follow the operation to its
+    end (its exit code), else exit 130."""
+    if not _cancel_on_interrupt(args, client, op_id):
+        return EXIT_INTERRUPTED
+    emit = None if args.json else out
+    with OperationFollower(client, emit, use_events=not args.poll) as follower:
         try:
-            final = follower.follow(client.operation(str(op_id)))
+            final = follower.follow(client.operation(op_id))
         except KeyboardInterrupt:
             err(f"interrupted again: operation {op_id} ends in the daemon")
             return EXIT_INTERRUPTED
