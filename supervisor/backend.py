@@ -49,7 +49,10 @@ class ProcessOps(Protocol):
         grace_s: float,
         kill_timeout_s: float,
         exclude_tag: str | None = None,
-    ) -> TeardownReport: ...
+        cut_grace: Callable[[], bool] | None = None,
+    ) -> TeardownReport:
+        """SIGTERM, ``grace_s`` (ended early once ``cut_grace()`` is true), SIGKILL."""
+        ...
 
     def members(
         self,

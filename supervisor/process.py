@@ -348,8 +348,12 @@ def teardown(
     rescan_s: float = 0.25,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    cut_grace: Callable[[], bool] | None = None,
 ) -> TeardownReport:
     """Stop every member: SIGTERM, wait up to ``grace_s``, SIGKILL, wait up to ``kill_timeout_s``.
+
+    ``cut_grace`` is asked at every poll of the grace period: True ends it at once (a
+    forced shutdown: SIGKILL now).
 
     SIGTERM goes to the launcher's process group and to every member individually (ranks
     that called ``setsid`` are not in the group). Members are re-scanned before SIGKILL, so
@@ -382,7 +386,7 @@ def teardown(
 
     left = remaining()
     deadline = start + grace_s
-    while left and clock() < deadline:
+    while left and clock() < deadline and not (cut_grace is not None and cut_grace()):
         sleep(poll_s)
         left = remaining()
     left = remaining(force_scan=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from supervisor import process
@@ -38,6 +38,7 @@ class OsProcessOps:
         grace_s: float,
         kill_timeout_s: float,
         exclude_tag: str | None = None,
+        cut_grace: Callable[[], bool] | None = None,
     ) -> process.TeardownReport:
         launch = handle if isinstance(handle, process.Launch) else None
         return process.teardown(
@@ -47,6 +48,7 @@ class OsProcessOps:
             exclude_tag=exclude_tag,
             grace_s=grace_s,
             kill_timeout_s=kill_timeout_s,
+            cut_grace=cut_grace,
         )
 
     def adopt(self, pid: int, create_time: float, tag: str, log_path: Path) -> ServerHandle | None:

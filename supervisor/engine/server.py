@@ -282,7 +282,8 @@ def members_now(sup: Supervisor) -> set[int]:
 
 async def teardown(sup: Supervisor, handle: ServerHandle | None) -> TeardownReport:
     """SIGTERM the group and every member, SIGKILL after ``stop_grace_s`` (at once when
-    the shutdown is forced). Runs to its end in a worker thread."""
+    the shutdown is forced, also in the middle of the grace period). Runs to its end in a
+    worker thread."""
     t = sup.settings.timeouts
     return await asyncio.to_thread(
         sup.procs.teardown,
@@ -291,6 +292,8 @@ async def teardown(sup: Supervisor, handle: ServerHandle | None) -> TeardownRepo
         tag_prefix=sup.tag_prefix,
         grace_s=0.0 if sup.shutdown_forced else t.stop_grace_s,
         kill_timeout_s=t.kill_timeout_s,
+        # A second shutdown request during the grace period: SIGKILL now.
+        cut_grace=lambda: sup.shutdown_forced,
     )
 
 

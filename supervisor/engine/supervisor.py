@@ -1,5 +1,5 @@
-"""The Supervisor: the facade the API drives, the operation registry, the one place the
-state changes.
+"""The Supervisor: the facade the API drives, and the one place the state changes (its
+operations are kept by ``registry``).
 
 Everything runs on one asyncio loop; whatever blocks (signals and waits on processes,
 GPU probing, disk writes) runs in a worker thread, so the API stays responsive. Exactly

@@ -76,6 +76,23 @@ def test_plain_tree_exits_on_sigterm(tmp_path: Path, trees: list[Tree]) -> None:
     assert t.launch.returncode == -signal.SIGTERM
 
 
+def test_a_grace_period_cut_short_sigkills_at_once(tmp_path: Path, trees: list[Tree]) -> None:
+    """A forced shutdown (``cut_grace`` true) during a 60 s grace: SIGKILL now."""
+    t = Tree(tmp_path, "--children", "2", "--ignore-term", expect=3)
+    trees.append(t)
+    asked = []
+
+    def cut() -> bool:
+        asked.append(True)
+        return len(asked) > 3  # a few polls into the grace period
+
+    report = process.teardown(t.launch, tag=t.tag, grace_s=60.0, kill_timeout_s=10, cut_grace=cut)
+    assert report.clean
+    assert sorted(report.sigkill_sent) == sorted(t.pids())
+    assert report.kill_after_s is not None and report.kill_after_s < 60.0
+    assert t.alive() == []
+
+
 def test_tree_ignoring_sigterm_is_sigkilled_after_grace(tmp_path: Path, trees: list[Tree]) -> None:
     t = Tree(tmp_path, "--children", "3", "--ignore-term", expect=4)
     trees.append(t)

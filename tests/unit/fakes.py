@@ -464,6 +464,7 @@ class FakeProcessOps:
         grace_s: float,
         kill_timeout_s: float,
         exclude_tag: str | None = None,
+        cut_grace: Callable[[], bool] | None = None,
     ) -> TeardownReport:
         with self.lock:
             self.teardowns_running += 1
@@ -474,7 +475,7 @@ class FakeProcessOps:
             gate = self.teardown_gate
             if gate is not None and not gate.wait(10):
                 raise AssertionError("the test never opened teardown_gate")
-            return self._teardown(handle, tag, tag_prefix, grace_s, exclude_tag)
+            return self._teardown(handle, tag, tag_prefix, grace_s, exclude_tag, cut_grace)
         finally:
             with self.lock:
                 self.teardowns_running -= 1
@@ -486,6 +487,7 @@ class FakeProcessOps:
         tag_prefix: str | None,
         grace_s: float,
         exclude_tag: str | None,
+        cut_grace: Callable[[], bool] | None = None,
     ) -> TeardownReport:
         report = TeardownReport()
         with self.lock:
@@ -500,11 +502,15 @@ class FakeProcessOps:
                 if not (proc.launch.behaviour.ignore_sigterm or self._stuck(proc)):
                     self._exit(proc, -15)
             left = [p for p in targets if p.alive]
-        if left:
-            time.sleep(grace_s)  # the grace period runs out; then SIGKILL
+        waited = 0.0
+        if left:  # the grace period runs out (or is cut short); then SIGKILL
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and not (cut_grace is not None and cut_grace()):
+                time.sleep(min(0.005, grace_s))
+            waited = min(grace_s, grace_s - (deadline - time.monotonic()))
         with self.lock:
             if left:
-                report.kill_after_s = grace_s
+                report.kill_after_s = waited
             report.sigkill_sent = sorted(p.pid for p in left)
             for proc in left:
                 if not self._stuck(proc):
@@ -515,7 +521,7 @@ class FakeProcessOps:
                         Survivor(proc.pid, psutil.STATUS_DISK_SLEEP, f"fake sglang {proc.role}")
                     )
             if not report.survivors:
-                report.exit_s = grace_s if left else 0.01
+                report.exit_s = waited if left else 0.01
             self.teardowns.append(report)
             return report
 

@@ -120,6 +120,30 @@ def test_a_second_shutdown_request_kills_without_a_grace_period(tmp_path: Path) 
     run(main)
 
 
+def test_a_second_shutdown_request_cuts_a_grace_period_in_progress(tmp_path: Path) -> None:
+    """The apply's teardown is waiting out a 30 s grace for a server that ignores SIGTERM
+    when the second signal comes: SIGKILL goes out now, not when the grace ends."""
+    rig = make_rig(tmp_path, stop_grace_s=30.0)
+    rig.procs.plan(Behaviour(ignore_sigterm=True))
+
+    async def main() -> None:
+        await rig.start_ready()
+        op = await rig.sup.submit_apply({"mem_fraction_static": 0.9}, {})
+        await until(lambda: rig.procs.teardowns_running == 1, what="the apply's teardown")
+        rig.sup.request_shutdown()
+        rig.sup.request_shutdown()
+        assert await asyncio.wait_for(rig.sup.shutdown(), 10)
+        first = rig.procs.teardowns[0]
+        assert first.sigkill_sent == sorted(first.members)
+        assert first.kill_after_s is not None and first.kill_after_s < 30.0
+        assert op.state == FAILED
+        assert len(rig.procs.spawns) == 1  # nothing new was launched
+        assert rig.procs.alive_pids() == set()
+        assert nothing_held(rig)
+
+    run(main)
+
+
 def test_a_shutdown_requested_during_start_up_launches_nothing(tmp_path: Path) -> None:
     rig = make_rig(tmp_path)
 
