@@ -208,6 +208,29 @@ def test_cancel_during_a_drain_keeps_the_old_server_serving(tmp_path: Path) -> N
     run(main)
 
 
+def test_cancel_of_a_recovery_in_backoff_stops_it_and_says_so(tmp_path: Path) -> None:
+    """The server crashed; the restart waits out a long backoff. The operator cancels:
+    nothing is relaunched, the state says why and how to start again."""
+    rig = make_rig(tmp_path, backoff_initial_s=600.0, backoff_max_s=600.0)
+
+    async def main() -> None:
+        await rig.start_ready()
+        rig.procs.crash(rig.procs.handles[0])
+        await until(lambda: state_of(rig) == S.BACKOFF)
+        recover = rig.sup.operation
+        assert recover is not None and recover.kind == "recover"
+        rig.sup.request_cancel(recover.id)
+        await settle(rig, recover, timeout=5.0)
+        assert recover.state == FAILED
+        assert "cancelled by an operator" in (recover.error or "")
+        assert state_of(rig) == S.FAILED
+        assert "POST /start" in rig.sup.state_reason
+        assert len(rig.procs.spawns) == 1
+        await rig.sup.shutdown()
+
+    run(main)
+
+
 def test_cancel_of_an_unknown_or_finished_operation_is_refused(tmp_path: Path) -> None:
     rig = make_rig(tmp_path)
 
