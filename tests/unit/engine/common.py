@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from supervisor.operations import Operation
+from supervisor.phases import OpKind, PhaseName
 from supervisor.states import ServerState
 from tests.unit.fakes import GIB, Rig, until
 
@@ -21,7 +22,7 @@ APPLY_EDGES = [
 ]
 
 
-def ops_of(rig: Rig, kind: str) -> list[Operation]:
+def ops_of(rig: Rig, kind: OpKind) -> list[Operation]:
     return [op for op in rig.sup.operations.values() if op.kind == kind]
 
 
@@ -44,7 +45,7 @@ async def apply(
     return await settle(rig, op)
 
 
-def phase_detail(op: Operation, name: str) -> str:
+def phase_detail(op: Operation, name: PhaseName | str) -> str:
     return next(p.detail for p in op.phases if p.name == name)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
+from supervisor.phases import PhaseName
 from supervisor.store import Store
 from tests.unit.engine.common import (
     APPLY_EDGES,
@@ -108,7 +109,7 @@ def test_transition_ready_to_draining_waits_for_requests(tmp_path: Path) -> None
         assert op.state == SUCCEEDED
         assert ("ready", "draining") in rig.transitions()
         assert ("draining", "stopping") in rig.transitions()
-        assert phase_detail(op, "drain") == "no running or queued requests"
+        assert phase_detail(op, PhaseName.DRAIN) == "no running or queued requests"
         await rig.sup.shutdown()
 
     run(main)
@@ -126,7 +127,7 @@ def test_drain_is_bounded_when_requests_keep_running(tmp_path: Path) -> None:
         )
         op = await apply(rig, {"mem_fraction_static": 0.9}, drain_timeout_s=0.1)
         assert op.state == SUCCEEDED
-        assert "with 3 requests still running or queued" in phase_detail(op, "drain")
+        assert "with 3 requests still running or queued" in phase_detail(op, PhaseName.DRAIN)
         await rig.sup.shutdown()
 
     run(main)

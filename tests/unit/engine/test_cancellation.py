@@ -22,6 +22,7 @@ from api.app import create_app
 from supervisor.engine import NoSuchOperation, OperationFinished
 from supervisor.engine import registry as engine_registry
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
+from supervisor.phases import OpKind
 from tests.unit.engine.common import HELD_PER_RANK, S, nothing_held, settle, state_of
 from tests.unit.fakes import DEFAULT_METRICS, INITIAL_LEVERS, Behaviour, make_rig, run, until
 
@@ -218,7 +219,7 @@ def test_cancel_of_a_recovery_in_backoff_stops_it_and_says_so(tmp_path: Path) ->
         rig.procs.crash(rig.procs.handles[0])
         await until(lambda: state_of(rig) == S.BACKOFF)
         recover = rig.sup.operation
-        assert recover is not None and recover.kind == "recover"
+        assert recover is not None and recover.kind == OpKind.RECOVER
         rig.sup.request_cancel(recover.id)
         await settle(rig, recover, timeout=5.0)
         assert recover.state == FAILED

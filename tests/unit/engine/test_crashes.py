@@ -15,6 +15,7 @@ import pytest
 
 from supervisor.levers import LeverError
 from supervisor.operations import FAILED, RUNNING, SUCCEEDED
+from supervisor.phases import OpKind
 from tests.unit.engine.common import (
     S,
     apply,
@@ -52,7 +53,7 @@ def test_crash_while_ready_backs_off_and_restarts_the_same_levers(tmp_path: Path
             ("backoff", "starting"),
             ("starting", "ready"),
         ]
-        (recover,) = ops_of(rig, "recover")
+        (recover,) = ops_of(rig, OpKind.RECOVER)
         assert recover.state == SUCCEEDED
         assert "killed by SIGKILL" in (recover.rollback_reason or "")
         # The orphaned ranks were killed and their memory freed before the relaunch.
@@ -75,7 +76,7 @@ def test_transition_backoff_to_failed_on_a_crash_loop(tmp_path: Path) -> None:
         await until(lambda: idle(rig, S.FAILED))
         assert rig.sup.state_reason.startswith("crash loop: 3 failures")
         assert "POST /start" in rig.sup.state_reason
-        (recover,) = ops_of(rig, "recover")
+        (recover,) = ops_of(rig, OpKind.RECOVER)
         assert recover.state == FAILED
         assert "crash loop" in (recover.error or "")
         assert rig.transitions()[-1] == ("backoff", "failed")
@@ -102,7 +103,11 @@ def test_a_crash_after_an_operator_start_from_failed_is_restarted(tmp_path: Path
         assert state_of(rig) == S.READY
         # The operator fixed the cause; much later, one unrelated crash.
         rig.procs.crash(rig.procs.handles[-1])
-        await until(lambda: len(ops_of(rig, "recover")) == 2 and ops_of(rig, "recover")[1].finished)
+        await until(
+            lambda: (
+                len(ops_of(rig, OpKind.RECOVER)) == 2 and ops_of(rig, OpKind.RECOVER)[1].finished
+            )
+        )
         assert state_of(rig) == S.READY
         assert rig.sup.restarts == 1
 
@@ -118,7 +123,7 @@ def test_hung_server_is_restarted_after_failed_liveness_probes(tmp_path: Path) -
         hung.hung = True
         await until(lambda: rig.sup.restarts == 1 and idle(rig, S.READY))
         assert rig.sup.restarts_by_reason == {"hung": 1}
-        (recover,) = ops_of(rig, "recover")
+        (recover,) = ops_of(rig, OpKind.RECOVER)
         assert "2 consecutive liveness probes failed" in (recover.rollback_reason or "")
         # The hung tree was torn down (it had not exited on its own).
         assert not (rig.procs.alive_pids() & {hung.pid, *hung.rank_pids})
@@ -140,7 +145,7 @@ def test_transition_backoff_to_stopping_when_an_apply_preempts_the_restart(
         op = await apply(rig, {"mem_fraction_static": 0.7})
         assert op.state == SUCCEEDED
         assert ("backoff", "stopping") in rig.transitions()
-        (recover,) = ops_of(rig, "recover")
+        (recover,) = ops_of(rig, OpKind.RECOVER)
         assert recover.state == FAILED
         assert "superseded" in (recover.error or "")
         assert (await rig.sup.status())["levers"]["mem_fraction_static"] == 0.7
@@ -158,7 +163,7 @@ def test_an_invalid_apply_during_backoff_does_not_cancel_the_restart(tmp_path: P
         await until(lambda: rig.sup.state == S.BACKOFF)
         with pytest.raises(LeverError):
             await rig.sup.submit_apply({"mem_fraction": 0.9}, {})
-        (recover,) = ops_of(rig, "recover")
+        (recover,) = ops_of(rig, OpKind.RECOVER)
         assert recover.state == RUNNING, recover.error
         await until(lambda: idle(rig, S.READY), timeout=2.0)
 

@@ -15,6 +15,7 @@ from typing import Any
 from supervisor.config import Settings
 from supervisor.levers import LeverSet
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
+from supervisor.phases import PhaseName
 from supervisor.store import PersistedState, Store
 from tests.unit.engine.common import (
     HELD_PER_RANK,
@@ -267,7 +268,7 @@ def test_a_failed_apply_is_not_reported_as_interrupted_after_a_restart(tmp_path:
         await second.start_ready()
         start = second.sup.ops.last
         assert start is not None
-        assert "interrupted_apply" not in [p.name for p in start.phases]
+        assert PhaseName.INTERRUPTED_APPLY not in [p.name for p in start.phases]
         await second.sup.shutdown()
 
     run(after)

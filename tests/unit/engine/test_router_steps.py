@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from supervisor.phases import OpKind
 from supervisor.router import RouterError
 from tests.unit.engine.common import S, idle, ops_of, settle
 from tests.unit.fakes import make_rig, run, until
@@ -57,7 +58,7 @@ def test_a_hung_server_leaves_the_router_before_its_teardown(tmp_path: Path) -> 
         assert router.listed  # registered at start
         rig.procs.handles[0].hung = True
         await until(lambda: rig.sup.restarts == 1 and idle(rig, S.READY))
-        (recover,) = ops_of(rig, "recover")
+        (recover,) = ops_of(rig, OpKind.RECOVER)
         names = [p.name for p in recover.phases]
         assert names.index("router_remove") < names.index("stop")
         assert names.index("start") < names.index("router_add")
@@ -97,7 +98,7 @@ def test_a_router_that_does_not_answer_never_holds_up_a_crash_recovery(tmp_path:
         router.down = True
         rig.procs.crash(rig.procs.handles[0])
         await until(lambda: rig.sup.restarts == 1 and idle(rig, S.READY))
-        (recover,) = ops_of(rig, "recover")
+        (recover,) = ops_of(rig, OpKind.RECOVER)
         failed = {p.name: p.detail for p in recover.phases if p.state == "failed"}
         assert set(failed) == {"router_remove", "router_add"}
         assert "stopping anyway" in failed["router_remove"]

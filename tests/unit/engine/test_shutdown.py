@@ -15,6 +15,7 @@ import pytest
 
 from supervisor.engine import Busy
 from supervisor.operations import FAILED, SUCCEEDED
+from supervisor.phases import OpKind
 from supervisor.store import Store
 from tests.unit.engine.common import (
     S,
@@ -41,7 +42,7 @@ def test_shutdown_stops_releases_and_is_idempotent(tmp_path: Path) -> None:
         assert state_of(rig) == S.STOPPED
         assert nothing_held(rig)
         assert rig.procs.alive_pids() == set()
-        (op,) = ops_of(rig, "shutdown")
+        (op,) = ops_of(rig, OpKind.SHUTDOWN)
         assert op.state == SUCCEEDED
         assert rig.probe.closed
         assert rig.health.closed
@@ -82,7 +83,7 @@ def test_shutdown_with_a_stuck_rank_ends_failed_naming_it(tmp_path: Path) -> Non
         stuck = rig.procs.handles[0]
         await rig.sup.shutdown()
         assert state_of(rig) == S.FAILED
-        (op,) = ops_of(rig, "shutdown")
+        (op,) = ops_of(rig, OpKind.SHUTDOWN)
         assert op.state == FAILED
         assert f"pid {stuck.rank_pids[0]}" in (op.error or "")
 
