@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import logging
 import os
 import signal
 import subprocess
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import IO
 
 import psutil
+
+logger = logging.getLogger("supervisor")
 
 TAG_ENV = "SGLANG_SUPERVISOR_INSTANCE"
 _TAG_PREFIX = TAG_ENV.encode() + b"="
@@ -110,14 +113,26 @@ def spawn(
     """Start ``argv`` in a new session with ``TAG_ENV=tag``, output appended to ``log_path``.
 
     The output goes to a file, never through a pipe: a full pipe would block the server,
-    and the log must survive our own restart. Raises ``OSError`` when the program cannot
-    be executed (the message names the program).
+    and the log must survive our own restart. A log file that cannot be written (a full or
+    read-only disk) never stops a launch: the output then goes to the daemon's own
+    stdout/stderr (the journal under systemd), and a warning says so. Raises ``OSError``
+    when the program cannot be executed (the message names the program).
     """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = dict(env)
     full_env[TAG_ENV] = tag
-    log: IO[bytes]
-    with open(log_path, "ab") as log:
+    with contextlib.ExitStack() as stack:
+        log: IO[bytes] | None
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = stack.enter_context(open(log_path, "ab"))
+        except OSError as exc:
+            log = None
+            logger.warning(
+                "cannot write the server log %s (%s): its output goes to the daemon's own "
+                "log instead",
+                log_path,
+                exc.strerror or exc,
+            )
         try:
             popen = subprocess.Popen(
                 list(argv),

@@ -37,7 +37,7 @@ def prune(logs_dir: Path, keep: int) -> list[Path]:
     gone = []
     for path in launch_logs(logs_dir)[keep:]:
         for p in (path, path.with_name(path.name + ".1")):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # gone already, or a read-only directory
                 p.unlink()
                 gone.append(p)
     return gone

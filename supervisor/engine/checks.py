@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from supervisor import preflight as host_preflight
@@ -31,7 +34,7 @@ from supervisor.sglang_parser import (
     levers_for_message,
 )
 from supervisor.states import IDLE_STATES, ServerState
-from supervisor.units import fmt_gib
+from supervisor.units import MiB, fmt_gib, fmt_mib
 
 if TYPE_CHECKING:
     from supervisor.engine.supervisor import Supervisor
@@ -241,7 +244,8 @@ async def preflight(sup: Supervisor, levers: LeverSet) -> list[LeverProblem]:
     if running and sup.server is not None:
         gpu_total = min((g.memory_total_bytes for g in sup.managed), default=0)
         freed = host_preflight.pinned_host_bytes(sup.server.levers.levers, gpu_total)
-    return await asyncio.to_thread(
+    problems = await asyncio.to_thread(state_dir_problems, sup.journal.dir, sup.journal.logs_dir)
+    return problems + await asyncio.to_thread(
         host_preflight.check,
         levers,
         managed=sup.managed,
@@ -263,6 +267,46 @@ def sample_with_members(sup: Supervisor) -> tuple[list[GpuSample], set[int]]:
     before = members_now(sup)
     samples = sup.probe.sample(sup.gpu_indices())
     return samples, before | members_now(sup)
+
+
+#: Free space the state directory's file system must keep: state.json and its previous
+#: copy, the operation history and the server's logs (bounded, but growing meanwhile).
+STATE_DIR_HEADROOM = 64 * MiB
+
+
+def state_dir_problems(state_dir: Path, logs_dir: Path) -> list[LeverProblem]:
+    """Whether the new levers could be persisted and the server's log kept: both
+    directories take a write (and fsync), and the file system has ``STATE_DIR_HEADROOM``
+    free. Blocking: call it from a worker thread."""
+    for d in (state_dir, logs_dir):
+        probe = d / f".preflight-{os.getpid()}.tmp"
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            with open(probe, "wb") as f:
+                f.write(b"preflight")
+                f.flush()
+                os.fsync(f.fileno())
+            probe.unlink()
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            return [
+                LeverProblem(
+                    "state_dir",
+                    f"{d} cannot be written ({why}): the new levers could not be persisted "
+                    "nor the server's log kept; fix its permissions or mount",
+                )
+            ]
+    free = shutil.disk_usage(state_dir).free
+    if free < STATE_DIR_HEADROOM:
+        return [
+            LeverProblem(
+                "state_dir",
+                f"only {fmt_mib(free)} free on the file system of {state_dir} (at least "
+                f"{fmt_mib(STATE_DIR_HEADROOM)} needed for the state and the server's log); "
+                "free disk space",
+            )
+        ]
+    return []
 
 
 async def foreign_processes(sup: Supervisor) -> str | None:

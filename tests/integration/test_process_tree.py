@@ -76,6 +76,26 @@ def test_plain_tree_exits_on_sigterm(tmp_path: Path, trees: list[Tree]) -> None:
     assert t.launch.returncode == -signal.SIGTERM
 
 
+def test_a_log_that_cannot_be_written_never_stops_a_launch(tmp_path: Path) -> None:
+    """The logs directory is not writable (here: a file stands where it should be; root
+    ignores permissions): the server still starts, its output going to our own."""
+    blocked = tmp_path / "logs"
+    blocked.write_text("not a directory")
+    tag = register_tag(f"{TEST_INSTANCE_PREFIX}-log.{uuid.uuid4().hex[:8]}")
+    launch = process.spawn(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+        os.environ,
+        tag=tag,
+        log_path=blocked / "server.log",
+    )
+    try:
+        assert not launch.poll()
+        assert _alive(launch.pid)
+    finally:
+        report = process.teardown(launch, tag=tag, grace_s=5, kill_timeout_s=5)
+    assert report.clean and not _alive(launch.pid)
+
+
 def test_a_grace_period_cut_short_sigkills_at_once(tmp_path: Path, trees: list[Tree]) -> None:
     """A forced shutdown (``cut_grace`` true) during a 60 s grace: SIGKILL now."""
     t = Tree(tmp_path, "--children", "2", "--ignore-term", expect=3)

@@ -7,6 +7,10 @@ Driven through the fakes; the assertions are what an operator sees: which levers
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+import shutil
 from pathlib import Path
 
 import httpx
@@ -179,6 +183,40 @@ def test_a_stop_blocked_only_by_a_foreign_process_fails_at_once_naming_it(
             p["pid"] for g in (await rig.sup.status())["gpus"] for p in g["processes"]
         }
         rig.probe.free(99_999)
+        await rig.sup.shutdown()
+
+    run(main)
+
+
+def test_a_full_or_unwritable_state_dir_is_refused_before_the_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new levers could not be persisted (disk full) or the server's log not kept
+    (the logs directory is not writable): refused by preflight, nothing stopped."""
+    rig = make_rig(tmp_path)
+
+    def disk_full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    async def main() -> None:
+        await rig.start_ready()
+        serving = rig.procs.handles[0]
+        with monkeypatch.context() as m:
+            m.setattr(os, "fsync", disk_full)
+            with pytest.raises(LeverError, match=r"state_dir: .*\(No space left on device\)"):
+                await rig.sup.submit_apply({"mem_fraction_static": 0.9}, {})
+        logs = rig.sup.store.logs_dir
+        shutil.move(logs, tmp_path / "logs-moved")
+        logs.write_text("not a directory")  # even root cannot write into it
+        with pytest.raises(
+            LeverError, match=f"state_dir: {re.escape(str(logs))} cannot be written"
+        ):
+            await rig.sup.submit_apply({"mem_fraction_static": 0.9}, {})
+        with pytest.raises(LeverError, match="state_dir"):
+            await rig.sup.submit_restart()
+        assert rig.procs.current() is serving and len(rig.procs.spawns) == 1
+        assert rig.procs.teardowns == []
+        assert state_of(rig) == S.READY
         await rig.sup.shutdown()
 
     run(main)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.engine import checks
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
 from supervisor.phases import PhaseName
 from supervisor.store import Store
@@ -289,6 +290,9 @@ def test_commit_that_cannot_persist_fails_the_operation_but_keeps_serving(
 
     async def main() -> None:
         await rig.start_ready()
+        # The disk fills after preflight found it writable (see test_after_the_stop for
+        # a disk full before: refused, nothing stopped).
+        monkeypatch.setattr(checks, "state_dir_problems", lambda *_: [])
         monkeypatch.setattr(os, "fsync", disk_full)
         op = await apply(rig, {"mem_fraction_static": 0.9})
         monkeypatch.undo()
