@@ -241,7 +241,8 @@ async def watch_probation(sup: Supervisor, op: Operation, handle: ServerHandle) 
         if handle.poll():
             raise StartFailed(await exit_reason(handle, "within the probation window"))
         if sup.clock() >= next_probe:
-            probe = await sup.health.generate_ok(sup.url, min(t.liveness_timeout_s, every + 1))
+            # The liveness timeout: a loaded server may take long to answer, and is not hung.
+            probe = await sup.health.generate_ok(sup.url, t.liveness_timeout_s)
             failures = 0 if probe.ok else failures + 1
             if failures >= t.liveness_failures:
                 raise StartFailed(
