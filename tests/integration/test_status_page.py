@@ -181,5 +181,23 @@ def test_status_page_without_a_token_on_loopback(daemon_factory: type[Daemon]) -
         p.wait("document.querySelectorAll('#operations tbody tr').length > 0", 15)
         assert outcome_row(p)[:2] == ("start", "succeeded")
         p.wait("document.getElementById('log-tail').innerText.length > 0", 15, "the log tail")
+        # An operation started elsewhere (the CLI) shows up, and the page can cancel it.
+        slow = d.apply(
+            {"mem_fraction_static": 0.88}, env={"SGLANG_SIM_STARTUP_S": "20"}, wait=False
+        ).json()["operation"]
+        p.wait(
+            f"{STATE} === 'starting' && !document.getElementById('cancel').hidden",
+            20,
+            "the running apply with its cancel button",
+        )
+        assert slow["id"] in p.text("#op-title")
+        p.click("#cancel")
+        p.wait(
+            "document.querySelector('#operations tbody tr .outcome').innerText === 'rolled_back'",
+            30,
+            "the cancelled apply to roll back",
+        )
+        p.wait(f"{STATE} === 'ready'", 20)
+        assert "0.85" in p.text("#levers") and "cancelled" in outcome_row(p)[2]
     finally:
         browser.close()
