@@ -29,6 +29,7 @@ from supervisor.engine.server import flags, server_env
 from supervisor.levers import LeverSet
 from supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
 from supervisor.planner.proposal import Resolver, Validator
+from supervisor.redact import redact
 from supervisor.resolution import Verdict, resolve_levers
 from supervisor.sglang_parser import ParserUnavailable
 from supervisor.states import ServerState
@@ -281,7 +282,10 @@ async def post_plan(sup: SupervisorDep, body: PlanRequest | None = None) -> dict
     422 when the model cannot be found or read, or the inputs cannot be planned for.
     """
     try:
-        return await make_plan(body or PlanRequest(), sup.view(), sup.backend, sglang_oracle(sup))
+        out = await make_plan(body or PlanRequest(), sup.view(), sup.backend, sglang_oracle(sup))
+        # Secrets among the current levers (api_key...) are not shown; the proposal's own
+        # levers are capacity levers, kept as they are so they can be sent to POST /levers.
+        return {**redact(out), "levers": out["levers"], "apply": out["apply"]}
     except PlanError as exc:
         raise _refused(str(exc)) from exc
     except (ArithmeticError, ValueError) as exc:  # a config.json with impossible values

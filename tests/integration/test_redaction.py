@@ -29,6 +29,7 @@ def test_api_key_and_token_env_are_redacted_everywhere_but_the_server(
         "GET /levers": d.client.get("/levers").text,
         f"GET /operations/{op['id']}": d.client.get(f"/operations/{op['id']}").text,
         "audit.log": (d.dir / "state" / "audit.log").read_text(),
+        "POST /plan": d.client.post("/plan", json={}).text,
     }
     with d.client.stream("GET", "/events", params={"replay": "true"}) as events:
         text = ""
