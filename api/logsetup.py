@@ -39,7 +39,8 @@ _PRIORITY = {
 #: LogRecord attributes that are not ``extra`` fields.
 _STANDARD = frozenset(
     set(vars(logging.LogRecord("n", logging.INFO, "p", 1, "m", None, None)))
-    | {"message", "asctime", "taskName"}
+    # uvicorn adds color_message (the message with ANSI colours) to some of its lines.
+    | {"message", "asctime", "taskName", "color_message"}
 )
 
 

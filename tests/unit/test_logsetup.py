@@ -39,7 +39,9 @@ def test_json_lines_carry_the_operations_outcome_and_level() -> None:
     log_operation_end(op)
     log_operation_end(ended(FAILED, error="rollback failed too: GPU 3 not released"))
     log_operation_end(ended(SUCCEEDED))
-    logging.getLogger("uvicorn.error").info("Uvicorn running")  # uvicorn's, same format
+    logging.getLogger("uvicorn.error").info(  # uvicorn's, same format, without its colours
+        "Uvicorn running", extra={"color_message": "\x1b[1mUvicorn running\x1b[0m"}
+    )
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [(x["level"], x.get("outcome")) for x in lines] == [
         ("WARNING", "rolled_back"),
@@ -50,6 +52,7 @@ def test_json_lines_carry_the_operations_outcome_and_level() -> None:
     assert "CUDA out of memory" in lines[0]["message"] and lines[0]["operation_id"] == op.id
     assert "GPU 3 not released" in lines[1]["message"]
     assert lines[3]["logger"] == "uvicorn.error" and lines[3]["message"] == "Uvicorn running"
+    assert "color_message" not in lines[3]
 
 
 def test_journald_priorities_only_on_the_journal_stream(
