@@ -37,8 +37,9 @@ ALLOWED: dict[ServerState, frozenset[ServerState]] = {
     S.RELEASING: frozenset({S.STOPPED, S.BACKOFF, S.FAILED}),
     # backoff -> stopping: an operator's stop/apply preempts the wait (and clears up first).
     S.BACKOFF: frozenset({S.STARTING, S.STOPPING, S.FAILED}),
-    # failed -> stopping: an operator's stop/start/apply first tears down what is left.
-    S.FAILED: frozenset({S.STOPPING, S.STARTING}),
+    # failed -> stopping: an operator's stop/start/apply first tears down what is left
+    # (and verifies the release) before anything starts.
+    S.FAILED: frozenset({S.STOPPING}),
 }
 
 #: States in which server processes of ours may be alive.

@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -279,7 +280,7 @@ def state_dir_problems(state_dir: Path, logs_dir: Path) -> list[LeverProblem]:
     directories take a write (and fsync), and the file system has ``STATE_DIR_HEADROOM``
     free. Blocking: call it from a worker thread."""
     for d in (state_dir, logs_dir):
-        probe = d / f".preflight-{os.getpid()}.tmp"
+        probe = d / f".preflight-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"  # concurrent ones
         try:
             d.mkdir(parents=True, exist_ok=True)
             with open(probe, "wb") as f:

@@ -11,12 +11,14 @@ import errno
 import os
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
 from api.app import create_app
+from supervisor.engine import checks
 from supervisor.levers import LeverError
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
 from tests.unit.engine.common import HELD_PER_RANK, S, apply, nothing_held, settle, state_of
@@ -220,3 +222,11 @@ def test_a_full_or_unwritable_state_dir_is_refused_before_the_stop(
         await rig.sup.shutdown()
 
     run(main)
+
+
+def test_concurrent_preflights_do_not_trip_over_each_others_probe_file(tmp_path: Path) -> None:
+    """Dry runs and applies preflight concurrently: each write probe is its own file."""
+    logs = tmp_path / "logs"
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: checks.state_dir_problems(tmp_path, logs), range(160)))
+    assert all(r == [] for r in results), next(r for r in results if r)
