@@ -135,6 +135,9 @@ class SimulateSettings(_Section):
     host_ram_gib: int = Field(2048, gt=0)
     #: Simulated model-load time; None keeps the simulated server's default.
     startup_s: float | None = Field(None, ge=0)
+    #: How long the simulated /health_generate takes (SGLang runs a one-token generation;
+    #: the simulator's default 1 s); None keeps that default.
+    health_s: float | None = Field(None, ge=0)
 
 
 class Settings(_Section):

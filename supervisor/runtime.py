@@ -86,6 +86,8 @@ def build_backend(settings: Settings) -> Backend:
         }
         if sim.startup_s is not None:
             env["SGLANG_SIM_STARTUP_S"] = str(sim.startup_s)
+        if sim.health_s is not None:
+            env["SGLANG_SIM_HEALTH_S"] = str(sim.health_s)
         probe = SimGpuProbe(
             registry,
             count=sim.gpus,

@@ -150,7 +150,8 @@ class Daemon:
                 or {"model_path": "sim/llama", "tp_size": gpus, "mem_fraction_static": 0.85},
             },
             "timeouts": {**FAST_TIMEOUTS, **(timeouts or {})},
-            "sim": {"gpus": gpus, "startup_s": 0.2, **(sim or {})},
+            # A fast simulated model load and /health_generate (1 s by default).
+            "sim": {"gpus": gpus, "startup_s": 0.2, "health_s": 0.05, **(sim or {})},
         }
         _deep_merge(config, extra or {})
         self.config_path = tmp / "config.toml"
