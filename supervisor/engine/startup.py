@@ -14,6 +14,7 @@ from supervisor.backend import ServerHandle
 from supervisor.engine import routing
 from supervisor.engine.checks import refuse_if_foreign, warm_resolution
 from supervisor.engine.server import (
+    Cancelled,
     ServerInfo,
     StartFailed,
     checkpoint,
@@ -21,6 +22,7 @@ from supervisor.engine.server import (
     launch_until_ready,
     members_now,
     release_timeout,
+    stop_and_release,
     teardown,
     wait_ready,
     watch_probation,
@@ -191,6 +193,14 @@ async def try_adopt(sup: Supervisor, op: Operation, record: RecordedServer) -> b
     except StartFailed as exc:
         ph.end(FAILED, str(exc))
         await recover(sup, op, str(exc))
+        return True
+    except Cancelled as exc:  # an operator would rather act than wait for it
+        if exc.shutdown:
+            raise
+        ph.end(FAILED, str(exc))
+        why = f"{exc}; pid {record.pid} was torn down: POST /start or /levers"
+        await stop_and_release(sup, op, why, S.STOPPED, prefix=PhasePrefix.CLEANUP)
+        op.finish(FAILED, why)
         return True
     ph.end(SUCCEEDED, f"pid {record.pid} adopted: no restart, levers {levers.digest()}")
     if interrupted_apply and not await finish_probation(sup, op, handle):

@@ -342,3 +342,40 @@ def test_a_hung_server_found_at_restart_is_judged_by_the_liveness_rules(
         await second.sup.shutdown()
 
     run(after)
+
+
+def test_an_operator_can_cancel_the_adoption_of_a_server_that_does_not_answer(
+    tmp_path: Path,
+) -> None:
+    """Judging the adopted server takes liveness_failures × liveness_interval_s (here 10
+    minutes): the operator cancels instead; it is torn down and stops and applies work."""
+    procs = FakeProcessOps(FakeProbe())
+    first = make_rig(tmp_path, procs=procs)
+
+    async def before() -> None:
+        await first.start_ready()
+
+    run(before)
+    hung = procs.handles[0]
+    hung.hung = True
+    second = make_rig(
+        tmp_path, procs=procs, settings=make_settings_like(first, liveness_interval_s=300.0)
+    )
+
+    async def after() -> None:
+        await second.sup.start()
+        op = second.sup.operation
+        assert op is not None
+        await until(lambda: any(p.name == "adopt" for p in op.phases))
+        second.sup.request_cancel(op.id)
+        await settle(second, op, timeout=5.0)
+        assert op.state == FAILED
+        assert "cancelled by an operator" in (op.error or "")
+        assert hung.returncode is not None
+        assert second.sup.state == S.STOPPED
+        assert nothing_held(second)
+        start = await settle(second, await second.sup.submit_start())
+        assert start.state == SUCCEEDED
+        await second.sup.shutdown()
+
+    run(after)
