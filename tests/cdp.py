@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,16 +95,20 @@ class Browser:
             msg["sessionId"] = session
         os.write(self._to_browser, json.dumps(msg).encode() + b"\0")
         deadline = time.monotonic() + self.timeout_s
-        while True:
-            for m in self._read(deadline):
+        answer: dict[str, Any] | None = None
+        while answer is None:
+            for m in self._read(deadline):  # every message read is looked at
                 if m.get("id") == msg_id:
-                    if "error" in m:
-                        raise CdpError(f"{method}: {m['error']}")
-                    result: dict[str, Any] = m.get("result", {})
-                    return result
-                self._pending.append(m)
+                    answer = m
+                elif m.get("method") == "Runtime.exceptionThrown":
+                    self._pending.append(m)  # other events are not kept
+        if "error" in answer:
+            raise CdpError(f"{method}: {answer['error']}")
+        result: dict[str, Any] = answer.get("result", {})
+        return result
 
-    def _read(self, deadline: float) -> Iterator[dict[str, Any]]:
+    def _read(self, deadline: float) -> list[dict[str, Any]]:
+        """The complete messages the browser has sent (waits for at least one)."""
         while b"\0" not in self._buf:
             if time.monotonic() > deadline:
                 raise TimeoutError("no answer from Chromium")
@@ -120,8 +123,7 @@ class Browser:
                 raise CdpError("Chromium closed the pipe")
             self._buf += chunk
         *messages, self._buf = self._buf.split(b"\0")
-        for raw in messages:
-            yield json.loads(raw)
+        return [json.loads(raw) for raw in messages]
 
     def page(self, width: int = 1440, height: int = 1500) -> Page:
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
@@ -158,6 +160,15 @@ class Page:
 
     def send(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         return self.browser.send(method, params, self.session)
+
+    def exceptions(self) -> list[str]:
+        """Uncaught JavaScript exceptions of this page so far."""
+        self.js("0")  # read what the browser has sent meanwhile
+        return [
+            str(m["params"]["exceptionDetails"].get("exception", {}).get("description"))
+            for m in self.browser._pending
+            if m.get("sessionId") == self.session
+        ]
 
     def goto(self, url: str) -> None:
         self.send("Page.navigate", {"url": url})

@@ -58,6 +58,11 @@ def apply_through_the_form(p: Page, levers: str, env: str = "") -> None:
     p.wait("!document.getElementById('confirm').disabled", 30, "the dry run to pass")
     result = p.text("#dry-result")
     assert "dry run succeeded" in result and "validate" in result and "preflight" in result
+    # What would change, before the operator confirms: each lever, now -> after.
+    first = levers.splitlines()[0]
+    name, value = (x.strip() for x in first.split("=", 1))
+    change = p.text(f"#changes tr[data-change='{name}']")
+    assert change.split("\t")[0] == name and change.endswith(f"→ {value}"), change
     # SGLang's resolved values, when the validation reports them, are shown before confirming.
     assert p.js(
         "!!document.getElementById('resolved') || !!document.getElementById('resolved-none')"
@@ -164,6 +169,7 @@ def test_status_page_through_an_apply_and_a_rollback(
             "GET /status from the docs page",
         )
         assert '"state": "ready"' in docs.text("#op-get-status [data-result]")
+        assert p.exceptions() == [] and docs.exceptions() == []
     finally:
         browser.close()
 
@@ -199,5 +205,6 @@ def test_status_page_without_a_token_on_loopback(daemon_factory: type[Daemon]) -
         )
         p.wait(f"{STATE} === 'ready'", 20)
         assert "0.85" in p.text("#levers") and "cancelled" in outcome_row(p)[2]
+        assert p.exceptions() == []
     finally:
         browser.close()
