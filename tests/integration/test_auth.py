@@ -11,6 +11,8 @@ from pathlib import Path
 import httpx
 
 from tests.helpers import Daemon
+from tests.inprocess import api_client
+from tests.unit.fakes import run
 
 TOKEN = "s3cret-token-for-tests"
 
@@ -50,21 +52,31 @@ def test_token_is_required_except_on_healthz(daemon_factory: type[Daemon]) -> No
     assert any(x["action"] == "refused" for x in lines)
 
 
-def test_metrics_can_be_public(daemon_factory: type[Daemon]) -> None:
-    d = daemon_factory(extra={"api": {"metrics_public": True}})
-    d.env["SGLANG_SUPERVISOR_TOKEN"] = TOKEN
-    d.start(wait_ready=False)
-    with httpx.Client(base_url=d.url, timeout=10, trust_env=False) as anon:
-        assert anon.get("/metrics").status_code == 200
-        assert anon.get("/status").status_code == 401
+def test_metrics_can_be_public(tmp_path: Path) -> None:
+    async def check() -> None:
+        async with api_client(tmp_path, token=TOKEN, metrics_public=True, ready=False) as (
+            client,
+            _,
+            _,
+        ):
+            client.headers.pop("Authorization")
+            assert (await client.get("/metrics")).status_code == 200
+            assert (await client.get("/status")).status_code == 401
+
+    run(check)
 
 
-def test_oversized_request_is_refused(daemon_factory: type[Daemon]) -> None:
-    d = daemon_factory(extra={"api": {"max_request_bytes": 4096}}).start()
-    pid = d.status()["server"]["pid"]
-    r = d.client.post("/levers", json={"levers": {"served_model_name": "x" * 10_000}})
-    assert r.status_code == 413
-    assert d.status()["server"]["pid"] == pid
+def test_oversized_request_is_refused(tmp_path: Path) -> None:
+    async def check() -> None:
+        async with api_client(tmp_path, max_body_bytes=4096) as (client, rig, _):
+            pid = (await client.get("/status")).json()["server"]["pid"]
+            body = {"levers": {"served_model_name": "x" * 10_000}}
+            r = await client.post("/levers", json=body)
+            assert r.status_code == 413
+            assert (await client.get("/status")).json()["server"]["pid"] == pid
+            assert len(rig.procs.spawns) == 1  # nothing was launched
+
+    run(check)
 
 
 def _serve(

@@ -1,21 +1,37 @@
 """The API as a client generator and a load balancer see it: the OpenAPI document lists
 every status code each route answers, with one error shape, the bearer scheme and real
-media types; /readyz; Retry-After on 409; one operation envelope; /docs without a CDN."""
+media types; /readyz; Retry-After on 409; one operation envelope; /docs without a CDN.
+
+In-process (``tests.inprocess``): the app over a Supervisor on fakes answers exactly what
+the daemon's does; a real daemon would add only minutes of waiting on simulated starts."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from api.app import close_streams
 from api.responses import Problem
+from supervisor.states import ServerState
 from supervisor.version import version
-from tests.helpers import Daemon, wait_until
+from tests.inprocess import api_client
+from tests.unit.fakes import Behaviour, Rig, run, until
 
 TOKEN = "contract-test-token-0123456789"
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "torch_dtype": "bfloat16",
+}
 
 #: Every route of the API and the codes it can answer (the test below makes each happen).
 EXPECTED: dict[tuple[str, str], set[int]] = {
@@ -38,14 +54,6 @@ EXPECTED: dict[tuple[str, str], set[int]] = {
 }
 
 
-@pytest.fixture
-def daemon(daemon_factory: type[Daemon]) -> Daemon:
-    d = daemon_factory(extra={"api": {"max_request_bytes": 4096}})
-    d.env["SGLANG_SUPERVISOR_TOKEN"] = TOKEN
-    d.client.headers["Authorization"] = f"Bearer {TOKEN}"
-    return d.start()
-
-
 def documented(doc: dict[str, Any]) -> dict[tuple[str, str], set[int]]:
     return {
         (method, path): {int(code) for code in op["responses"]}
@@ -54,9 +62,33 @@ def documented(doc: dict[str, Any]) -> dict[tuple[str, str], set[int]]:
     }
 
 
-def test_openapi_lists_every_code_each_route_answers(daemon: Daemon) -> None:
-    d = daemon
-    doc = d.client.get("/openapi.json").json()
+def test_openapi_lists_every_code_each_route_answers(tmp_path: Path) -> None:
+    run(lambda: _every_code(tmp_path), timeout=60)
+
+
+async def held_start(rig: Rig) -> None:
+    """The next launch is not ready until ``release_start`` (a slow model load)."""
+    rig.procs.plan(Behaviour(hold_ready=True))
+
+
+def release_start(rig: Rig) -> None:
+    for handle in rig.procs.handles:
+        handle.held = False
+
+
+async def state_is(rig: Rig, state: str) -> None:
+    await until(
+        lambda: rig.sup.state == ServerState(state) and rig.sup.operation is None, 10, state
+    )
+
+
+async def _every_code(tmp_path: Path) -> None:
+    async with api_client(tmp_path, token=TOKEN, max_body_bytes=4096) as (client, rig, app):
+        await _check(client, rig, app)
+
+
+async def _check(client: httpx.AsyncClient, rig: Rig, app: Any) -> None:
+    doc = (await client.get("/openapi.json")).json()
     assert documented(doc) == EXPECTED
     assert doc["info"]["version"] == version()
     assert doc["components"]["securitySchemes"]["bearer"] == {
@@ -91,13 +123,13 @@ def test_openapi_lists_every_code_each_route_answers(daemon: Daemon) -> None:
     assert "Retry-After" in paths["/levers"]["post"]["responses"]["409"]["headers"]
 
     # Now make every code happen, and check each answer against the document.
-    bare = httpx.Client(base_url=d.url, timeout=30, trust_env=False)
+    bare = {"Authorization": ""}
     seen: dict[tuple[str, str], set[int]] = {k: set() for k in EXPECTED}
 
-    def call(
-        method: str, route: str, url: str, client: httpx.Client = d.client, **kw: Any
+    async def call(
+        method: str, route: str, url: str, headers: dict[str, str] | None = None, **kw: Any
     ) -> httpx.Response:
-        r = client.request(method.upper(), url, **kw)
+        r = await client.request(method.upper(), url, headers=headers, **kw)
         assert r.status_code in EXPECTED[(method, route)], (method, url, r.status_code, r.text)
         seen[(method, route)].add(r.status_code)
         if r.status_code >= 400 and route != "/readyz":
@@ -108,62 +140,59 @@ def test_openapi_lists_every_code_each_route_answers(daemon: Daemon) -> None:
     for method, route in EXPECTED:
         url = route.replace("{op_id}", "x")
         body = {"json": {}} if method == "post" else {}
-        r = call(method, route, url, client=bare, **body)
+        r = await call(method, route, url, headers=bare, **body)
         if route in ("/healthz", "/readyz"):
             assert r.status_code == 200
         else:
             assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
     for route in ("/healthz", "/status", "/levers", "/levers/schema", "/metrics", "/operations"):
-        call("get", route, route)
-    assert d.client.get("/healthz").json()["version"] == version()
-    assert d.client.get("/status").json()["version"] == version()
-    assert d.client.get("/metrics").headers["content-type"] == CONTENT_TYPE_LATEST
-    call("get", "/readyz", "/readyz")
-    call("get", "/operations", "/operations", params={"limit": 0})  # 422
-    call("get", "/operations/{op_id}", "/operations/nope")  # 404
-    call("get", "/logs", "/logs", params={"tail": 5})
-    call("get", "/logs", "/logs", params={"launch": 999})  # 404
-    call("get", "/logs", "/logs", params={"tail": -1})  # 422
-    call("post", "/levers", "/levers", json={"levers": {"no_such_flag": 1}})  # 422
-    call("post", "/levers", "/levers", json={"levers": {}, "bogus": 1})  # 422
-    call(
+        await call("get", route, route)
+    assert (await client.get("/healthz")).json()["version"] == version()
+    assert (await client.get("/status")).json()["version"] == version()
+    assert (await client.get("/metrics")).headers["content-type"] == CONTENT_TYPE_LATEST
+    await call("get", "/readyz", "/readyz")
+    await call("get", "/operations", "/operations", params={"limit": 0})  # 422
+    await call("get", "/operations/{op_id}", "/operations/nope")  # 404
+    await call("get", "/logs", "/logs", params={"tail": 5})
+    await call("get", "/logs", "/logs", params={"launch": 999})  # 404
+    await call("get", "/logs", "/logs", params={"tail": -1})  # 422
+    await call("post", "/levers", "/levers", json={"levers": {"no_such_flag": 1}})  # 422
+    await call("post", "/levers", "/levers", json={"levers": {}, "bogus": 1})  # 422
+    await call(
         "post",
         "/levers",
         "/levers",
         content=b"{" + b" " * 5000 + b"}",
         headers={"content-type": "application/json"},
     )  # 413
-    call(
+    await call(
         "post",
         "/plan",
         "/plan",
         content=b"{" + b" " * 5000 + b"}",
         headers={"content-type": "application/json"},
     )  # 413
-    call("post", "/plan", "/plan", json={"gpus": "many"})  # 422
-    call(
+    await call("post", "/plan", "/plan", json={"gpus": "many"})  # 422
+    await call(
         "post", "/levers", "/levers", json={"levers": {"mem_fraction_static": 0.8}, "dry_run": True}
     )  # 200
     for route in ("/stop", "/start", "/restart"):
-        call("post", route, route, params={"wait": "maybe"})  # 422
-    with d.client.stream("GET", "/events", params={"replay": "nope"}) as r:
-        assert r.status_code == 422
-        seen[("get", "/events")].add(422)
-    with d.client.stream("GET", "/events") as r:
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        seen[("get", "/events")].add(200)
+        await call("post", route, route, params={"wait": "maybe"})  # 422
+    await call("get", "/events", "/events", params={"replay": "nope"})  # 422
+    # In-process the stream is read to its end: end it first (as the daemon's stop does).
+    close_streams(app)
+    r = await call("get", "/events", "/events")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
 
     # A slow apply: 202, then 409 (with Retry-After) on every operation route, /readyz 503.
-    accepted = call(
-        "post",
-        "/levers",
-        "/levers",
-        json={"levers": {"mem_fraction_static": 0.86}, "env": {"SGLANG_SIM_STARTUP_S": "3"}},
+    await held_start(rig)
+    accepted = await call(
+        "post", "/levers", "/levers", json={"levers": {"mem_fraction_static": 0.86}}
     )
     assert accepted.status_code == 202
     op_id = accepted.json()["operation"]["id"]
     for route in ("/levers", "/stop", "/start", "/restart"):
-        r = call(
+        r = await call(
             "post",
             route,
             route,
@@ -171,55 +200,62 @@ def test_openapi_lists_every_code_each_route_answers(daemon: Daemon) -> None:
         )
         assert r.status_code == 409 and r.headers["retry-after"].isdigit(), r
         assert r.json()["detail"]["operation"] == op_id
-    wait_until(lambda: d.client.get("/readyz").status_code == 503, 20, 0.05, "readyz 503")
-    seen[("get", "/readyz")].add(503)
-    r503 = bare.get("/readyz").json()
+    await until(lambda: rig.sup.state == ServerState.STARTING, 10, "the slow start")
+    r503 = (await call("get", "/readyz", "/readyz", headers=bare)).json()
     assert r503["ready"] is False and r503["state"] != "ready"
-    d.wait_state("ready")
+    release_start(rig)
+    await state_is(rig, "ready")
     # GET /operations/{id} answers in the POST's envelope.
-    got = call("get", "/operations/{op_id}", f"/operations/{op_id}").json()
+    got = (await call("get", "/operations/{op_id}", f"/operations/{op_id}")).json()
     assert set(got) == {"operation"} and got["operation"]["id"] == op_id
     assert got["operation"]["state"] == "succeeded"
-    listed = call("get", "/operations", "/operations", params={"limit": 2}).json()["operations"]
+    listed = (await call("get", "/operations", "/operations", params={"limit": 2})).json()[
+        "operations"
+    ]
     assert listed[0]["id"] == op_id and len(listed) == 2  # newest first
 
     # Cancel: unknown 404, ended 409, a running one 202 (200 with ?wait=true), bad wait 422.
     cancel = "/operations/{op_id}/cancel"
-    call("post", cancel, "/operations/nope/cancel")
-    ended = call("post", cancel, f"/operations/{op_id}/cancel")
+    await call("post", cancel, "/operations/nope/cancel")
+    ended = await call("post", cancel, f"/operations/{op_id}/cancel")
     assert ended.status_code == 409 and ended.json()["detail"]["operation"]["id"] == op_id
-    call("post", cancel, f"/operations/{op_id}/cancel", params={"wait": "maybe"})
+    await call("post", cancel, f"/operations/{op_id}/cancel", params={"wait": "maybe"})
     for wait in ("false", "true"):
-        slow = d.apply(
-            {"mem_fraction_static": 0.87}, env={"SGLANG_SIM_STARTUP_S": "5"}, wait=False
-        ).json()["operation"]
-        wait_until(lambda: d.status()["state"] == "starting", 20, 0.05, "the slow start")
-        r = call("post", cancel, f"/operations/{slow['id']}/cancel", params={"wait": wait})
+        await held_start(rig)
+        r = await client.post("/levers", json={"levers": {"mem_fraction_static": 0.87}})
+        slow = r.json()["operation"]
+        await until(lambda: rig.sup.state == ServerState.STARTING, 10, "the slow start")
+        r = await call("post", cancel, f"/operations/{slow['id']}/cancel", params={"wait": wait})
         assert r.status_code == (200 if wait == "true" else 202), r.text
-        d.wait_state("ready")
+        await state_is(rig, "ready")
 
     # 200 with ?wait=true, 202 without, for stop/start/restart.
-    assert call("post", "/restart", "/restart", params={"wait": "true"}).status_code == 200
-    assert call("post", "/stop", "/stop").status_code == 202
-    d.wait_state("stopped")
-    assert call("post", "/start", "/start", params={"wait": "true"}).status_code == 200
-    assert call("post", "/stop", "/stop", params={"wait": "true"}).status_code == 200
-    assert call("post", "/start", "/start").status_code == 202
-    d.wait_state("ready")
-    assert call("post", "/restart", "/restart").status_code == 202
-    d.wait_state("ready")
-    call("post", "/plan", "/plan", json={})
+    assert (await call("post", "/restart", "/restart", params={"wait": "true"})).status_code == 200
+    assert (await call("post", "/stop", "/stop")).status_code == 202
+    await state_is(rig, "stopped")
+    assert (await call("post", "/start", "/start", params={"wait": "true"})).status_code == 200
+    assert (await call("post", "/stop", "/stop", params={"wait": "true"})).status_code == 200
+    assert (await call("post", "/start", "/start")).status_code == 202
+    await state_is(rig, "ready")
+    assert (await call("post", "/restart", "/restart")).status_code == 202
+    await state_is(rig, "ready")
+    # The fake server's model is nowhere on disk: the plan gets the model's config inline.
+    await call("post", "/plan", "/plan", json={"config_json": LLAMA_CONFIG})
 
     never = {k: sorted(EXPECTED[k] - v) for k, v in seen.items() if EXPECTED[k] - v}
     assert not never, f"documented but never answered: {never}"
 
 
-def test_docs_page_needs_no_cdn_and_no_token(daemon: Daemon) -> None:
-    bare = httpx.Client(base_url=daemon.url, timeout=10, trust_env=False)
-    for path in ("/docs", "/", "/ui"):
-        r = bare.get(path)
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
-        assert "connect-src 'self'" in r.headers["content-security-policy"]
-        # Nothing loaded from elsewhere: no external src/href at all.
-        assert not re.findall(r"(?:src|href)=[\"']?(?:https?:)?//", r.text), path
-    assert bare.get("/openapi.json").status_code == 200
+def test_docs_page_needs_no_cdn_and_no_token(tmp_path: Path) -> None:
+    async def check() -> None:
+        async with api_client(tmp_path, token=TOKEN, ready=False) as (client, _, _):
+            client.headers.pop("Authorization")
+            for path in ("/docs", "/", "/ui"):
+                r = await client.get(path)
+                assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+                assert "connect-src 'self'" in r.headers["content-security-policy"]
+                # Nothing loaded from elsewhere: no external src/href at all.
+                assert not re.findall(r"(?:src|href)=[\"']?(?:https?:)?//", r.text), path
+            assert (await client.get("/openapi.json")).status_code == 200
+
+    run(check)
