@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from openapi_spec_validator import validate
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.app import close_streams
@@ -89,6 +90,7 @@ async def _every_code(tmp_path: Path) -> None:
 
 async def _check(client: httpx.AsyncClient, rig: Rig, app: Any) -> None:
     doc = (await client.get("/openapi.json")).json()
+    validate(doc)  # a valid OpenAPI 3.1 document, as client generators need
     assert documented(doc) == EXPECTED
     assert doc["info"]["version"] == version()
     assert doc["components"]["securitySchemes"]["bearer"] == {
