@@ -7,12 +7,12 @@ the daemon's does; a real daemon would add only minutes of waiting on simulated 
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 import httpx
-from openapi_spec_validator import validate
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.app import close_streams
@@ -63,6 +63,18 @@ def documented(doc: dict[str, Any]) -> dict[tuple[str, str], set[int]]:
     }
 
 
+def valid_openapi(doc: dict[str, Any]) -> None:
+    """A valid OpenAPI 3.1 document, as client generators need (openapi-spec-validator,
+    a test extra; a venv from before it was added only skips this check, CI does not)."""
+    try:
+        from openapi_spec_validator import validate
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            raise
+        return
+    validate(doc)
+
+
 def test_openapi_lists_every_code_each_route_answers(tmp_path: Path) -> None:
     run(lambda: _every_code(tmp_path), timeout=60)
 
@@ -90,7 +102,7 @@ async def _every_code(tmp_path: Path) -> None:
 
 async def _check(client: httpx.AsyncClient, rig: Rig, app: Any) -> None:
     doc = (await client.get("/openapi.json")).json()
-    validate(doc)  # a valid OpenAPI 3.1 document, as client generators need
+    valid_openapi(doc)
     assert documented(doc) == EXPECTED
     assert doc["info"]["version"] == version()
     assert doc["components"]["securitySchemes"]["bearer"] == {
