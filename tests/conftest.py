@@ -70,3 +70,22 @@ def daemon_factory(tmp_path: Path) -> Iterator[type[Daemon]]:
             assert d.stop() == 0, d.log()
             assert tagged_processes(d.instance) == [], f"left running by {d.instance}"
         d.client.close()
+
+
+@pytest.fixture(scope="session")
+def readonly_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """One daemon (4 simulated GPUs, the default levers) shared by the tests that only
+    read from it or are refused by it: a test that changes its levers or its server does
+    not belong here (use ``daemon_factory``). Stopped at the end like every daemon."""
+    d = Daemon(tmp_path_factory.mktemp("readonly-daemon")).start()
+    try:
+        yield d
+        state = d.status()
+        assert state["state"] == "ready" and state["levers"]["mem_fraction_static"] == 0.85, (
+            "a test changed the read-only daemon"
+        )
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            assert d.stop() == 0, d.log()
+            assert tagged_processes(d.instance) == [], f"left running by {d.instance}"
+        d.client.close()

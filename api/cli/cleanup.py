@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from api.state_lock import daemon_holding
-from supervisor.config import instance_name, load_settings
 
 DESCRIPTION = (
     "Stop every process carrying this instance's launch tag (the SGLang server a daemon "
@@ -81,6 +80,8 @@ def restart_pending(unit: str) -> str | None:
 
 def run_cleanup(args: argparse.Namespace) -> int:
     """0 when nothing of the instance is left (or the cleanup was skipped), else 1."""
+    from supervisor.config import instance_name, load_settings
+
     overrides = {"state_dir": str(args.state_dir) if args.state_dir else None}
     try:
         settings = load_settings(args.config, overrides)

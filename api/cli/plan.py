@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-from typing import Any
-
-import psutil
+from typing import TYPE_CHECKING, Any
 
 from api.cli.client import Client
 from api.cli.exits import EXIT_INVALID, EXIT_OK, UsageError, outcome_exit
@@ -30,9 +28,11 @@ from api.cli.options import add_client_options
 from api.cli.output import err, out, print_json
 from api.cli.plan_render import render_apply, render_plan
 from api.cli.runner import run_client_command
-from supervisor import planner
-from supervisor.planner import Hardware, PlanError
-from supervisor.units import GiB
+
+if TYPE_CHECKING:
+    from supervisor.planner import ModelSpec
+
+# The planner (and psutil) are imported when planning, not for every command's parser.
 
 Json = dict[str, Any]
 
@@ -67,7 +67,9 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
 # --- inputs ------------------------------------------------------------------------------
 
 
-def _read_model(args: argparse.Namespace) -> planner.ModelSpec | None:
+def _read_model(args: argparse.Namespace) -> ModelSpec | None:
+    from supervisor import planner
+
     if args.model is not None:
         return planner.load_model_dir(args.model.expanduser())
     if args.config_json is not None:
@@ -91,7 +93,13 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
 
 
-def plan_offline(args: argparse.Namespace, model: planner.ModelSpec) -> Json:
+def plan_offline(args: argparse.Namespace, model: ModelSpec) -> Json:
+    import psutil
+
+    from supervisor import planner
+    from supervisor.planner import Hardware
+    from supervisor.units import GiB
+
     """The plan computed here, for SGLang's defaults at ``tp_size`` = ``--gpus``."""
     if args.gpus is None or args.gpu_memory is None:
         raise UsageError(
@@ -121,7 +129,9 @@ def plan_offline(args: argparse.Namespace, model: planner.ModelSpec) -> Json:
     return plan.to_json()
 
 
-def _plan_body(args: argparse.Namespace, model: planner.ModelSpec | None) -> Json:
+def _plan_body(args: argparse.Namespace, model: ModelSpec | None) -> Json:
+    from supervisor import planner
+
     body: Json = {}
     if model is not None:
         # Read here and sent inline: the daemon may not see this host's files.
@@ -147,6 +157,8 @@ def _plan_body(args: argparse.Namespace, model: planner.ModelSpec | None) -> Jso
 
 def run_plan(args: argparse.Namespace) -> int:
     """Run ``sglang-supervisor plan``; returns the exit status (see the module docstring)."""
+    from supervisor.planner import PlanError
+
     try:
         _check_numbers(args)
         model = _read_model(args)
@@ -163,10 +175,10 @@ def run_plan(args: argparse.Namespace) -> int:
     return run_client_command(args, lambda a, client: _plan_with_daemon(a, client, model))
 
 
-def _plan_with_daemon(
-    args: argparse.Namespace, client: Client, model: planner.ModelSpec | None
-) -> int:
+def _plan_with_daemon(args: argparse.Namespace, client: Client, model: ModelSpec | None) -> int:
     """The daemon's plan (``POST /plan``); with ``--apply`` its levers applied, waiting."""
+    from supervisor.planner import PlanError
+
     try:
         body = _plan_body(args, model)
     except PlanError as exc:

@@ -11,10 +11,12 @@ import threading
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from api.daemon_signals import process_signals
-from supervisor.config import Settings
+
+if TYPE_CHECKING:
+    from supervisor.config import Settings
 
 DESCRIPTION = (
     "Run the daemon in the foreground: it owns one SGLang server on a fixed set of GPUs "

@@ -117,7 +117,8 @@ def _phase_order(stdout: str) -> list[str]:
 # ------------------------------------------------------------------ end to end
 
 
-def test_status_levers_and_schema(daemon: Daemon) -> None:
+def test_status_levers_and_schema(readonly_daemon: Daemon) -> None:
+    daemon = readonly_daemon
     r = cli(daemon, "status")
     assert r.returncode == 0, r.stderr
     out = r.stdout
@@ -210,7 +211,8 @@ def test_oom_rolls_back_with_exit_3_and_the_reason(daemon: Daemon) -> None:
     assert op["state"] == "rolled_back" and "out of memory" in op["rollback_reason"]
 
 
-def test_invalid_lever_exits_2_and_names_it(daemon: Daemon) -> None:
+def test_invalid_lever_exits_2_and_names_it(readonly_daemon: Daemon) -> None:
+    daemon = readonly_daemon
     pid = daemon.status()["server"]["pid"]
     r = cli(daemon, "apply", "--set", "mem_fraction=0.9", "--set", "kv_cache_dtype=fp9")
     assert r.returncode == 2
