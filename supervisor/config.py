@@ -18,6 +18,7 @@ the launch tag every server process carries. Command-line options win over both.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import sys
 import tomllib
@@ -130,14 +131,25 @@ class SimulateSettings(_Section):
     gpu_memory_mib: int = Field(143771, gt=0)
     #: Memory each simulated GPU shows used with nothing of ours on it.
     baseline_mib: int = Field(0, ge=0)
-    #: Above this mem_fraction_static the simulated server fails like SGLang's OOM.
-    oom_fraction: float = Field(0.95, gt=0, le=1)
     host_ram_gib: int = Field(2048, gt=0)
     #: Simulated model-load time; None keeps the simulated server's default.
     startup_s: float | None = Field(None, ge=0)
     #: How long the simulated /health_generate takes (SGLang runs a one-token generation;
     #: the simulator's default 1 s); None keeps that default.
     health_s: float | None = Field(None, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_oom_fraction(cls, data: Any) -> Any:
+        """``oom_fraction`` (a fixed failure threshold) is retired: the simulated server
+        now runs out of memory where SGLang does. An old config still loads."""
+        if isinstance(data, dict) and "oom_fraction" in data:
+            data = {k: v for k, v in data.items() if k != "oom_fraction"}
+            logging.getLogger(__name__).warning(
+                "[sim] oom_fraction is ignored: the simulated server fails where SGLang "
+                "would (CUDA-graph capture, or a prefill's activations); remove the key"
+            )
+        return data
 
 
 class Settings(_Section):

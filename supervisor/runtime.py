@@ -81,7 +81,6 @@ def build_backend(settings: Settings) -> Backend:
         env = {
             "SGLANG_SIM_GPU_DIR": str(registry),
             "SGLANG_SIM_GPU_MEMORY_MIB": str(sim.gpu_memory_mib),
-            "SGLANG_SIM_OOM_FRACTION": str(sim.oom_fraction),
             "SGLANG_SIM_HOST_RAM_GIB": str(sim.host_ram_gib),
         }
         if sim.startup_s is not None:

@@ -1,7 +1,17 @@
 """KV-cache capacity of the simulated server, through the planner's math, resolved as
 SGLang 0.5.23 resolves its arguments (``/server_info``'s values, the default
-``max_running_requests``, the CUDA-graph capture that fails when the fraction leaves too
-little, the "HiCache auto-sizing" line).
+``max_running_requests``, the "HiCache auto-sizing" line), and where its memory runs out.
+
+Memory outside the static pool (``(1 − mem_fraction_static)`` × the GPU, what
+``mem_cache/kv_cache_configurator.py:3007`` leaves as slack) is spent as SGLang's own
+reserve rule budgets it (``arg_groups/memory_hook.py:309-317``, ``:357-414``): attention
+metadata (512 MiB), ``tp × pp / 8 × 1024`` MiB of parallel overhead (NCCL), the CUDA graphs
+(``reserve_for_graph_mb``), DeepEP's buffers, and what is left is the prefill's
+activations at 1.5 MiB per token (``memory_hook.py:310``). So a fraction fails where
+SGLang's does: at CUDA-graph capture when the slack does not cover the fixed part, or,
+after ready, on the first prefill whose tokens need more activation memory than is left
+("CUDA out of memory"). There is no fixed cut-off: at SGLang's own default fraction every
+prefill up to the chunk fits.
 
 The simulated server "serves" one model and sizes its KV pool with
 ``supervisor.planner`` — the same functions ``POST /plan`` uses — so a plan's predicted
@@ -32,9 +42,19 @@ from supervisor.units import GiB, MiB
 
 #: The simulated host's available RAM (GiB) for the hierarchical cache's auto-sizing.
 HOST_RAM_ENV = "SGLANG_SIM_HOST_RAM_GIB"
-#: What the CUDA context, NCCL and the allocator take outside the static pool (MiB) before
-#: any graph is captured: the slack SGLang's reserve is there to cover.
-CUDA_CONTEXT_MIB = 1536
+#: The parts of SGLang's reserve that are spent before the first prefill: attention
+#: metadata, the parallel (NCCL) overhead, the graphs, DeepEP's buffers.
+FIXED_RESERVE_PARTS = (
+    "metadata",
+    "parallel",
+    "decode_graphs",
+    "dp_attention",
+    "prefill_graphs",
+    "deepep_prefill",
+    "deepep_a2a",
+)
+#: Activation memory of one prefill token (``memory_hook.py:310``: activation_tokens × 1.5).
+ACTIVATION_MIB_PER_TOKEN = 1.5
 
 MODEL_CONFIG_ENV = "SGLANG_SIM_MODEL_CONFIG"
 
@@ -141,8 +161,12 @@ class Resolved:
     #: SGLang's log line when it auto-sizes the host pool.
     hicache_log: str | None
     decode_graph_max_bs: int | None
-    #: MiB the CUDA-graph capture needs outside the static pool.
+    #: MiB spent outside the static pool before the first prefill (SGLang's reserve less
+    #: its activation part): the CUDA-graph capture fails when the slack is smaller.
     capture_need_mib: float
+    #: Most tokens one prefill forward takes (the chunk per DP worker; with chunking off
+    #: SGLang's ``max_prefill_tokens``).
+    prefill_batch_tokens: int
 
     def server_info(self) -> dict[str, Any]:
         """The resolved values ``/server_info`` reports (SGLang's ``resolved_dict``)."""
@@ -181,11 +205,7 @@ def resolve(
     host = host_ram_bytes(env) if auto_sized(args) else None
     cap = planner.capacity(model, args, gpu_bytes, 4096, host)
     reserve = planner.sglang_reserve(gpu_bytes, args, model.shape.is_mla)
-    parts = reserve.parts_mib
-    capture = CUDA_CONTEXT_MIB + sum(
-        parts.get(k, 0.0)
-        for k in ("decode_graphs", "dp_attention", "prefill_graphs", "deepep_prefill", "deepep_a2a")
-    )
+    capture = sum(reserve.parts_mib.get(k, 0.0) for k in FIXED_RESERVE_PARTS)
     ratio = planner.lever_float(args, "hicache_ratio")
     log_line = None
     if cap.hierarchical_cache and auto_sized(args) and host is not None:
@@ -214,13 +234,21 @@ def resolve(
         hicache_log=log_line,
         decode_graph_max_bs=cap.cuda_graph_max_bs_decode,
         capture_need_mib=capture,
+        prefill_batch_tokens=cap.chunked_prefill_size
+        if cap.chunked_prefill_size > 0
+        else reserve.activation_tokens,
     )
 
 
+def slack_mib(resolved: Resolved, gpu_bytes: int) -> float:
+    """MiB outside the static pool: ``(1 − mem_fraction_static)`` × the GPU."""
+    return (1 - resolved.mem_fraction_static) * gpu_bytes / MiB
+
+
 def capture_failure(resolved: Resolved, gpu_bytes: int) -> list[str] | None:
-    """SGLang's CUDA-graph capture OOM when the static pool leaves less than the graphs,
-    the CUDA context and NCCL need; None when the capture fits."""
-    free_mib = (1 - resolved.mem_fraction_static) * gpu_bytes / MiB
+    """SGLang's CUDA-graph capture OOM when the slack outside the static pool is smaller
+    than the metadata, the parallel overhead and the graphs need; None when it fits."""
+    free_mib = slack_mib(resolved, gpu_bytes)
     if free_mib >= resolved.capture_need_mib:
         return None
     total_gib = gpu_bytes / GiB
@@ -233,4 +261,40 @@ def capture_failure(resolved: Resolved, gpu_bytes: int) -> list[str] | None:
         f"{resolved.capacity.sglang_default_fraction}, SGLang's default for these flags); "
         "2. set --cuda-graph-max-bs-decode to a smaller value; 3. disable CUDA graphs by "
         "--disable-cuda-graph.",
+    ]
+
+
+def prefill_limit_tokens(resolved: Resolved, gpu_bytes: int) -> int:
+    """The most tokens one prefill forward can take before its activations run out of
+    memory: what the slack leaves after the fixed part, at 1.5 MiB per token.
+
+    SGLang rounds its default fraction to 3 decimals, which can leave up to 0.0005 × the
+    GPU less than its rule; that half step is granted, so at SGLang's own default a full
+    chunk always fits.
+    """
+    rounding = 0.0005 * gpu_bytes / MiB
+    left = slack_mib(resolved, gpu_bytes) - resolved.capture_need_mib + rounding
+    return max(0, int(left / ACTIVATION_MIB_PER_TOKEN))
+
+
+def prefill_oom_report(resolved: Resolved, gpu_bytes: int, tokens: int) -> list[str]:
+    """The scheduler's traceback when a prefill of ``tokens`` tokens runs out of memory."""
+    total_gib = gpu_bytes / GiB
+    left_mib = max(0.0, slack_mib(resolved, gpu_bytes) - resolved.capture_need_mib)
+    need_gib = tokens * ACTIVATION_MIB_PER_TOKEN / 1024
+    limit = prefill_limit_tokens(resolved, gpu_bytes)
+    return [
+        "Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "sglang/srt/managers/scheduler.py", in event_loop_overlap',
+        "    batch_result = self.run_batch(batch)",
+        '  File "sglang/srt/model_executor/model_runner.py", in forward_extend',
+        "    return self.model.forward(forward_batch.input_ids, forward_batch.positions, ...)",
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {need_gib:.2f} GiB. "
+        f"GPU 0 has a total capacity of {total_gib:.2f} GiB of which {left_mib / 1024:.2f} "
+        "GiB is free. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
+        f"(simulated: a prefill of {tokens} tokens needs {need_gib:.2f} GiB of activations "
+        f"at 1.5 MiB per token; mem_fraction_static={resolved.mem_fraction_static:g} leaves "
+        f"room for {limit} after the CUDA graphs; SGLang's default for these flags is "
+        f"{resolved.capacity.sglang_default_fraction})",
     ]

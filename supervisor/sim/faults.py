@@ -68,34 +68,6 @@ def parse_faults(text: str) -> Faults:
     )
 
 
-_GIB = 2**30
-
-
-def oom_report(total_bytes: int, mem_fraction: float, oom_fraction: float) -> list[str]:
-    """The traceback a rank prints when its static allocation leaves no room to run."""
-    total = total_bytes / _GIB
-    free = max(0.0, total * (1.0 - mem_fraction) - 3.0)
-    tried = max(2.0, free + 0.88)
-    in_use = total - free
-    return [
-        "Scheduler hit an exception: Traceback (most recent call last):",
-        '  File "sglang/srt/managers/scheduler.py", in run_scheduler_process',
-        "    scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, ...)",
-        '  File "sglang/srt/model_executor/model_runner.py", in init_memory_pool',
-        "    self.token_to_kv_pool = MHATokenToKVPool(...)",
-        '  File "sglang/srt/mem_cache/memory_pool.py", in _create_buffers',
-        "    torch.zeros((self.size + self.page_size, head_num, head_dim), ...)",
-        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried:.2f} GiB. "
-        f"GPU 0 has a total capacity of {total:.2f} GiB of which {free:.2f} GiB is free. "
-        f"Including non-PyTorch memory, this process has {in_use:.2f} GiB memory in use. "
-        "If reserved but unallocated memory is large try setting "
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
-        f"Hint: --mem-fraction-static {mem_fraction:g} leaves too little memory for "
-        f"activations and CUDA graphs (this simulated GPU fails above {oom_fraction:g}); "
-        "lower --mem-fraction-static.",
-    ]
-
-
 def crash_report() -> list[str]:
     """The traceback of the ``crash_on_start`` fault."""
     return [

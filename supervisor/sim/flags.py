@@ -186,7 +186,6 @@ class SimEnv:
     visible_gpus: list[str]
     registry: Path
     memory_mib: int
-    oom_fraction: float
     startup_s: float
     faults: Faults
     load: LoadSpec | None = None
@@ -220,7 +219,6 @@ class SimEnv:
             visible_gpus=gpus,
             registry=Path(registry),
             memory_mib=int(_number(env, "SGLANG_SIM_GPU_MEMORY_MIB", DEFAULT_MEMORY_MIB, 1)),
-            oom_fraction=_number(env, "SGLANG_SIM_OOM_FRACTION", 0.95, 0.0),
             startup_s=_number(env, "SGLANG_SIM_STARTUP_S", 1.5, 0.0),
             faults=parse_faults(env.get(FAULTS_ENV, "")),
             load=parse_load(env.get(LOAD_ENV, "")),

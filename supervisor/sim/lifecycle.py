@@ -13,7 +13,9 @@ children and exits 0. There is no deadline of its own: whoever sent SIGTERM deci
 SIGKILL, which cuts the streams in flight. A second signal changes nothing (SGLang's handler
 only sets the same flag). The synthetic load's clients disconnect at the signal.
 
-Exit 1 on a start-up failure (OOM, too few GPUs, a fault, a child that died).
+Exit 1 on a start-up failure (CUDA-graph capture out of memory, too few GPUs, a fault, a
+child that died), and when a prefill runs out of activation memory after ready
+(``supervisor.sim.capacity``: where the fraction leaves less than the prefill needs).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from supervisor.planner import ModelSpec
 from supervisor.schema import BUNDLED_VERSION
 from supervisor.sim import capacity, info, metrics
 from supervisor.sim.children import Children, ServerFailure, signal_name
-from supervisor.sim.faults import crash_report, oom_report
+from supervisor.sim.faults import crash_report
 from supervisor.sim.flags import ServerConfig, SimEnv, log
 from supervisor.sim.gpus import sim_gpu_index
 from supervisor.sim.http import HttpServer
@@ -85,18 +87,22 @@ class Launcher:
         tokens = self.resolved.max_total_num_tokens
         self.max_total_num_tokens = tokens
         self.host_pool_tokens = self.resolved.host_pool_tokens
-        # SGLang's rule (per DP worker, over the workers), the lever's value when given.
-        max_running = max(1, self.resolved.max_running_requests)
+        # One scheduler per DP worker, each with its own pool of ``tokens`` and its share
+        # of max_running_requests (SGLang's rule, the lever's value when given).
         graph_bs = self.resolved.decode_graph_max_bs if cfg.cuda_graph else None
         self.engine = Engine(
             tokens,
-            max_running,
+            max(1, self.resolved.max_running_requests_per_worker),
+            workers=self.resolved.capacity.kv_pools,
             host_cache_tokens=self.host_pool_tokens,
             decode_graph_max_bs=graph_bs,
             load=env.load,
             tokens_per_s=env.tokens_per_s,
+            prefill_batch_tokens=self.resolved.prefill_batch_tokens,
+            prefill_limit_tokens=capacity.prefill_limit_tokens(self.resolved, total),
         )
-        self._registry = metrics.registry_for(self.engine, cfg.served_model_name)
+        self.max_running_requests = max(1, self.resolved.max_running_requests)
+        self._registry = metrics.registry_for(self.engine, cfg.served_model_name, cfg.num_ranks)
 
     # -- what the HTTP handlers read (http.App) --
 
@@ -129,14 +135,16 @@ class Launcher:
         answer.update(
             mem_fraction_static=self.mem_fraction,
             max_total_num_tokens=self.max_total_num_tokens,
-            max_running_requests=self.engine.max_running,
+            max_running_requests=self.max_running_requests,
             version=BUNDLED_VERSION,
             simulated=True,
+            # One per DP worker, each with its own pool and share of the requests.
             internal_states=[
                 {
                     "max_total_num_tokens": self.max_total_num_tokens,
                     "max_running_requests": self.engine.max_running,
                 }
+                for _ in self.engine.workers
             ],
         )
         return answer
@@ -167,11 +175,11 @@ class Launcher:
         log(f"server_args=ServerArgs({args_text})")
         try:
             self._serve()
+            return self._shutdown()  # a prefill can still run out of memory while draining
         except ServerFailure as exc:
             return self._fail(exc.lines, exc.who)
         except Exception as exc:  # a bug or an OS error: never leave the ranks behind
             return self._fail([f"{type(exc).__name__}: {exc}"], "")
-        return self._shutdown()
 
     def _serve(self) -> None:
         """Spawn, load, become ready and serve; return when a stop signal arrives."""
@@ -248,11 +256,6 @@ class Launcher:
             )
 
     def _check_start_faults(self) -> None:
-        if self.mem_fraction > self.env.oom_fraction:
-            raise ServerFailure(
-                oom_report(self.env.memory_bytes, self.mem_fraction, self.env.oom_fraction),
-                "TP0",
-            )
         if self.faults.crash_on_start:
             raise ServerFailure(crash_report(), "TP0")
         if self.cfg.cuda_graph:
@@ -326,6 +329,11 @@ class Launcher:
                 "/health_generate now answers 503)"
             )
         self.engine.tick(now)
+        if self.engine.prefill_oom is not None:
+            report = capacity.prefill_oom_report(
+                self.resolved, self.env.memory_bytes, self.engine.prefill_oom
+            )
+            raise ServerFailure(report, "TP0")
         self._log_decode()
 
     def _log_decode(self) -> None:
@@ -333,15 +341,11 @@ class Launcher:
         now = time.monotonic()
         if now - self._last_decode_log < DECODE_LOG_S:
             return
-        s = self.engine.stats()
-        if s.running or s.queued:
+        lines = metrics.decode_lines(self.engine, self.cfg.num_ranks)
+        if lines:
             self._last_decode_log = now
-            log(
-                f"Decode batch, #running-req: {s.running}, #token: {s.tokens}, "
-                f"token usage: {s.token_usage:.2f}, cuda graph: {s.cuda_graph}, "
-                f"gen throughput (token/s): {s.gen_throughput:.2f}, #queue-req: {s.queued}",
-                "TP0",
-            )
+        for who, line in lines:
+            log(line, who)
 
     def _set_phase(self, new: Phase, reason: str) -> None:
         log(f"simulated server: {self.phase.value} -> {new.value} ({reason})")

@@ -1,5 +1,5 @@
 """The simulated server's engine: KV-bound admission, a FIFO queue, a prefix cache, and a
-built-in synthetic workload.
+built-in synthetic workload; one scheduler per DP worker.
 
 Every request — a real ``/generate`` or a synthetic one — needs KV tokens for its prompt
 and its output. It is admitted, first come first served, while fewer than
@@ -8,6 +8,21 @@ otherwise it waits, and so does everything behind it (SGLang's scheduler stops a
 first request it cannot fit). So running requests, the queue, token usage and throughput
 move the way they do on a KV-bound SGLang: more KV tokens per GPU (a higher
 ``mem_fraction_static``, an fp8 KV cache) let more requests run at once.
+
+With attention DP (or DP replicas) SGLang runs one scheduler per DP worker, each with its
+own waiting queue, its own KV pool of ``max_total_num_tokens`` tokens, its own radix cache
+and its share of ``max_running_requests``; the DP controller hands requests out round
+robin (``load_balance_method`` ``auto`` resolves to ``round_robin`` outside PD
+disaggregation: ``arg_groups/serving_hook.py:222-234``,
+``managers/data_parallel_controller.py:880-899``). The engine does the same; ``stats()``
+sums the workers and ``worker_stats()`` gives each one, as each worker's scheduler exports
+its own series.
+
+A prefill forward takes at most ``prefill_batch_tokens`` new tokens (the chunk); when the
+uncached prompt tokens a worker admits in one step (capped at the chunk) exceed
+``prefill_limit_tokens`` — what ``mem_fraction_static`` leaves for activations
+(``supervisor.sim.capacity.prefill_limit_tokens``) — the prefill runs out of memory:
+admission stops and ``prefill_oom`` holds the tokens, for the launcher to crash on.
 
 The prefix cache holds the prompts (real requests) or shared prefixes (synthetic ones)
 of running requests, plus, LRU, as many finished ones as the free device pool and the
@@ -31,98 +46,26 @@ from __future__ import annotations
 import hashlib
 import heapq
 import itertools
-import math
 import random
 import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
 
-LOAD_ENV = "SGLANG_SIM_LOAD"
-#: Simulated speeds: decode tokens/s of one request, prefill tokens/s.
-DECODE_TOKENS_PER_S = 100.0
-PREFILL_TOKENS_PER_S = 20000.0
-MAX_RATE = 2000.0
-#: Admissions the cache hit rate is averaged over (SGLang's gauge is recent, not lifetime).
-HIT_RATE_WINDOW = 256
-#: A stalled process does not replay the arrivals it missed beyond this many seconds.
-MAX_CATCH_UP_S = 2.0
+from supervisor.sim.workload import (
+    DECODE_TOKENS_PER_S,
+    HIT_RATE_WINDOW,
+    LOAD_ENV,
+    MAX_CATCH_UP_S,
+    PREFILL_TOKENS_PER_S,
+    LoadSpec,
+    Request,
+    parse_load,
+    synthetic,
+)
 
-
-@dataclass(frozen=True)
-class LoadSpec:
-    """A synthetic workload (see the module docstring)."""
-
-    rate: float
-    avg_tokens: int
-    out_tokens: int = 256
-    seed: int = 0
-    max_queue: int = 5000
-    prefixes: int = 256
-    prefix_share: float = 0.5
-
-    def describe(self) -> str:
-        return (
-            f"rate={self.rate:g}/s, avg_tokens={self.avg_tokens}, out_tokens={self.out_tokens}, "
-            f"seed={self.seed}, max_queue={self.max_queue}, prefixes={self.prefixes}, "
-            f"prefix_share={self.prefix_share:g}"
-        )
-
-
-_LIMITS: dict[str, tuple[type, float, float]] = {
-    "rate": (float, 1e-3, MAX_RATE),
-    "avg_tokens": (int, 2, 10_000_000),
-    "out_tokens": (int, 1, 1_000_000),
-    "seed": (int, 0, 2**63),
-    "max_queue": (int, 0, 1_000_000),
-    "prefixes": (int, 1, 100_000),
-    "prefix_share": (float, 0.0, 1.0),
-}
-
-
-def parse_load(text: str) -> LoadSpec | None:
-    """Parse ``SGLANG_SIM_LOAD``; None when empty. ``ValueError`` names the bad item."""
-    if not text.strip():
-        return None
-    values: dict[str, float] = {}
-    for raw in text.split(","):
-        item = raw.strip()
-        if not item:
-            continue
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or key not in _LIMITS:
-            raise ValueError(
-                f"{LOAD_ENV}: {item!r} is not one of {', '.join(k + '=' for k in _LIMITS)}"
-            )
-        kind, low, high = _LIMITS[key]
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not (low <= number <= high) or (kind is int and not number.is_integer()):
-            what = "an integer" if kind is int else "a number"
-            raise ValueError(
-                f"{LOAD_ENV}: {key}={value.strip()!r} must be {what} in [{low:g}, {high:g}]"
-            )
-        values[key] = number
-    missing = [k for k in ("rate", "avg_tokens") if k not in values]
-    if missing:
-        raise ValueError(
-            f"{LOAD_ENV}={text!r} lacks {' and '.join(missing)}: give at least "
-            "rate=<requests/s>,avg_tokens=<tokens per request>"
-        )
-    return LoadSpec(
-        rate=values["rate"],
-        avg_tokens=int(values["avg_tokens"]),
-        out_tokens=int(values.get("out_tokens", 256)),
-        seed=int(values.get("seed", 0)),
-        max_queue=int(values.get("max_queue", 5000)),
-        prefixes=int(values.get("prefixes", 256)),
-        prefix_share=values.get("prefix_share", 0.5),
-    )
+__all__ = ["DECODE_TOKENS_PER_S", "LOAD_ENV", "Engine", "EngineStats", "LoadSpec", "parse_load"]
 
 
 class EngineStats(NamedTuple):
@@ -146,25 +89,32 @@ class GenResult(NamedTuple):
     latency_s: float
 
 
-@dataclass(eq=False)
-class _Request:
-    need: int
-    prompt_tokens: int
-    out_tokens: int
-    #: Prefix-cache key and the prompt tokens it covers.
-    key: str
-    prefix_tokens: int
-    synthetic: bool
-    admitted: bool = False
-    cached: int = 0
-
-
 #: A real request's handle between ``Engine.submit`` and ``Engine.finish``.
-Ticket = _Request
+Ticket = Request
+
+
+class _Worker:
+    """One DP worker's scheduler: its queue, KV pool, radix cache and counters."""
+
+    def __init__(self) -> None:
+        self.pending: deque[Request] = deque()
+        self.running = 0
+        self.real_running = 0
+        self.used = 0
+        self.gen_total = 0
+        self.prompt_total = 0
+        self.window: deque[tuple[int, int]] = deque(maxlen=HIT_RATE_WINDOW)
+        self.running_keys: Counter[str] = Counter()
+        self.lru: OrderedDict[str, int] = OrderedDict()
+        self.lru_used = 0
+
+    def hit(self, req: Request) -> bool:
+        return self.running_keys[req.key] > 0 or req.key in self.lru
 
 
 class Engine:
-    """Admission, queueing, a prefix cache and token accounting (thread-safe).
+    """Admission, queueing, a prefix cache and token accounting (thread-safe), per DP
+    worker (``workers``; ``max_total_num_tokens`` and ``max_running`` are each worker's).
 
     Real requests are submitted by their HTTP thread, which paces their tokens;
     synthetic ones live only in this object's heaps and are advanced by ``tick``.
@@ -175,10 +125,13 @@ class Engine:
         max_total_num_tokens: int,
         max_running: int,
         *,
+        workers: int = 1,
         host_cache_tokens: int = 0,
         decode_graph_max_bs: int | None = None,
         load: LoadSpec | None = None,
         tokens_per_s: float = DECODE_TOKENS_PER_S,
+        prefill_batch_tokens: int | None = None,
+        prefill_limit_tokens: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_total_num_tokens = max_total_num_tokens
@@ -186,25 +139,21 @@ class Engine:
         self.host_cache_tokens = max(0, host_cache_tokens)
         self.decode_graph_max_bs = decode_graph_max_bs
         self.load = load
+        self.prefill_batch_tokens = prefill_batch_tokens
+        self.prefill_limit_tokens = prefill_limit_tokens
+        #: The prefill (tokens) that ran out of activation memory; None while none did.
+        self.prefill_oom: int | None = None
         self._clock = clock
         self._cond = threading.Condition()
         self._accepting = True
         self._synthetic_stopped = False
         self.tokens_per_s = tokens_per_s
-        self._pending: deque[_Request] = deque()
-        self._finishing: list[tuple[float, int, _Request]] = []
+        self.workers = [_Worker() for _ in range(max(1, workers))]
+        self._next_worker = 0
+        self._finishing: list[tuple[float, int, Request]] = []
         self._seq = itertools.count()
-        self._running = 0
-        self._real_running = 0
-        self._used = 0
         self._real_inflight = 0
-        self._gen_total = 0
-        self._prompt_total = 0
         self._turned_away = 0
-        self._window: deque[tuple[int, int]] = deque(maxlen=HIT_RATE_WINDOW)
-        self._running_keys: Counter[str] = Counter()
-        self._lru: OrderedDict[str, int] = OrderedDict()
-        self._lru_used = 0
         self._rng = random.Random(load.seed if load else 0)
         self._next_arrival: float | None = None
         self._prefix_cum: list[float] = []
@@ -223,13 +172,10 @@ class Engine:
         with self._cond:
             self._synthetic_stopped = True
             aborted = 0
-            kept: deque[_Request] = deque()
-            for req in self._pending:
-                if req.synthetic:
-                    aborted += 1
-                else:
-                    kept.append(req)
-            self._pending = kept
+            for w in self.workers:
+                kept = deque(r for r in w.pending if not r.synthetic)
+                aborted += len(w.pending) - len(kept)
+                w.pending = kept
             for _, _, req in self._finishing:
                 self._release(req)
                 aborted += 1
@@ -267,10 +213,11 @@ class Engine:
     # -- requests --
 
     def submit(self, prompt: str, prompt_tokens: int, max_new_tokens: int) -> Ticket | None:
-        """Queue one real request (FIFO behind the others); None when the engine no longer
-        accepts any. The caller waits with ``wait_admitted`` and ends with ``finish``."""
+        """Queue one real request (FIFO behind the others on its worker); None when the
+        engine no longer accepts any. The caller waits with ``wait_admitted`` and ends with
+        ``finish``."""
         key = "p:" + hashlib.blake2b(prompt.encode(), digest_size=16).hexdigest()
-        req = _Request(
+        req = Request(
             need=prompt_tokens + max_new_tokens,
             prompt_tokens=prompt_tokens,
             out_tokens=max_new_tokens,
@@ -282,7 +229,7 @@ class Engine:
             if not self._accepting:
                 return None
             self._real_inflight += 1
-            self._pending.append(req)
+            self._dispatch(req)
             self._admit(self._clock())
         return req
 
@@ -299,11 +246,12 @@ class Engine:
     def finish(self, req: Ticket, generated: int) -> None:
         """``req`` ended (done, or its client went away) after ``generated`` tokens."""
         with self._cond:
+            w = self.workers[req.worker]
             if req.admitted:
                 self._release(req)
             else:
-                self._pending.remove(req)
-            self._gen_total += generated
+                w.pending.remove(req)
+            w.gen_total += generated
             self._real_inflight -= 1
             self._admit(self._clock())
             self._cond.notify_all()
@@ -330,33 +278,62 @@ class Engine:
             while self._finishing and self._finishing[0][0] <= now:
                 _, _, req = heapq.heappop(self._finishing)
                 self._release(req)
-                self._gen_total += req.out_tokens
+                self.workers[req.worker].gen_total += req.out_tokens
             self._admit(now)
 
     def stats(self) -> EngineStats:
+        """The whole server: the workers' figures summed (token usage over all pools)."""
+        parts = self.worker_stats()
+        running = sum(p.running for p in parts)
+        used = sum(p.tokens for p in parts)
+        cap = self.max_total_num_tokens * len(parts)
         with self._cond:
-            cap = self.max_total_num_tokens
-            usage = self._used / cap if cap else 0.0
-            prompt = sum(p for p, _ in self._window)
-            cached = sum(c for _, c in self._window)
-            graph = self.decode_graph_max_bs is not None and self._running <= (
-                self.decode_graph_max_bs
-            )
-            return EngineStats(
-                running=self._running,
-                queued=len(self._pending),
-                tokens=self._used,
-                token_usage=min(1.0, usage),
-                gen_throughput=(self._running - self._real_running) * DECODE_TOKENS_PER_S
-                + self._real_running * self.tokens_per_s,
-                cache_hit_rate=cached / prompt if prompt else 0.0,
-                generation_tokens_total=self._gen_total,
-                prompt_tokens_total=self._prompt_total,
-                cuda_graph=graph,
-                turned_away_total=self._turned_away,
-            )
+            prompt = sum(p for w in self.workers for p, _ in w.window)
+            cached = sum(c for w in self.workers for _, c in w.window)
+        return EngineStats(
+            running=running,
+            queued=sum(p.queued for p in parts),
+            tokens=used,
+            token_usage=min(1.0, used / cap) if cap else 0.0,
+            gen_throughput=sum(p.gen_throughput for p in parts),
+            cache_hit_rate=cached / prompt if prompt else 0.0,
+            generation_tokens_total=sum(p.generation_tokens_total for p in parts),
+            prompt_tokens_total=sum(p.prompt_tokens_total for p in parts),
+            cuda_graph=all(p.cuda_graph for p in parts),
+            turned_away_total=self._turned_away,
+        )
+
+    def worker_stats(self) -> list[EngineStats]:
+        """Each DP worker's figures, as its scheduler reports them."""
+        with self._cond:
+            return [self._worker_stats(w) for w in self.workers]
 
     # -- internals (the lock is held) --
+
+    def _worker_stats(self, w: _Worker) -> EngineStats:
+        cap = self.max_total_num_tokens
+        prompt = sum(p for p, _ in w.window)
+        cached = sum(c for _, c in w.window)
+        graph = self.decode_graph_max_bs is not None and w.running <= self.decode_graph_max_bs
+        return EngineStats(
+            running=w.running,
+            queued=len(w.pending),
+            tokens=w.used,
+            token_usage=min(1.0, w.used / cap) if cap else 0.0,
+            gen_throughput=(w.running - w.real_running) * DECODE_TOKENS_PER_S
+            + w.real_running * self.tokens_per_s,
+            cache_hit_rate=cached / prompt if prompt else 0.0,
+            generation_tokens_total=w.gen_total,
+            prompt_tokens_total=w.prompt_total,
+            cuda_graph=graph,
+            turned_away_total=self._turned_away,
+        )
+
+    def _dispatch(self, req: Request) -> None:
+        """Round robin over the DP workers, as SGLang's DP controller does."""
+        req.worker = self._next_worker
+        self._next_worker = (self._next_worker + 1) % len(self.workers)
+        self.workers[req.worker].pending.append(req)
 
     def _arrivals(self, now: float) -> None:
         load = self.load
@@ -367,75 +344,76 @@ class Engine:
             self._next_arrival = now - MAX_CATCH_UP_S
         while self._next_arrival <= now:
             self._next_arrival += self._rng.expovariate(load.rate)
-            if len(self._pending) >= load.max_queue:
+            if sum(len(w.pending) for w in self.workers) >= load.max_queue:
                 self._turned_away += 1
                 continue
-            self._pending.append(self._synthetic(load))
-
-    def _synthetic(self, load: LoadSpec) -> _Request:
-        need = max(2, int(load.avg_tokens * self._rng.uniform(0.5, 1.5)))
-        out = max(1, min(load.out_tokens, need // 2))
-        prompt = need - out
-        prefix = self._rng.choices(range(load.prefixes), cum_weights=self._prefix_cum)[0]
-        return _Request(
-            need=need,
-            prompt_tokens=prompt,
-            out_tokens=out,
-            key=f"s:{prefix}",
-            prefix_tokens=min(prompt, int(load.prefix_share * load.avg_tokens)),
-            synthetic=True,
-        )
+            self._dispatch(synthetic(load, self._rng, self._prefix_cum))
 
     def _admit(self, now: float) -> None:
-        """First come, first served, while a slot is free and the head's tokens fit."""
+        """Per worker, first come first served, while a slot is free and the head's
+        tokens fit; the step's prefill must fit the activation memory."""
         woke = False
-        while self._pending:
-            req = self._pending[0]
-            if self._running >= self.max_running:
+        for w in self.workers:
+            if self.prefill_oom is not None:
                 break
-            if self._running > 0 and self._used + req.need > self.max_total_num_tokens:
-                break
-            self._pending.popleft()
-            self._running += 1
-            self._real_running += 0 if req.synthetic else 1
-            self._used += req.need
-            req.cached = self._lookup(req)
-            req.admitted = True
-            self._prompt_total += req.prompt_tokens
-            self._window.append((req.prompt_tokens, req.cached))
-            if req.synthetic:
-                heapq.heappush(self._finishing, (now + self._duration(req), next(self._seq), req))
-            else:
-                woke = True
+            prefill = 0
+            while w.pending:
+                req = w.pending[0]
+                if w.running >= self.max_running:
+                    break
+                if w.running > 0 and w.used + req.need > self.max_total_num_tokens:
+                    break
+                new = req.prompt_tokens - (req.prefix_tokens if w.hit(req) else 0)
+                prefill += new
+                batch = prefill
+                if self.prefill_batch_tokens is not None:
+                    batch = min(batch, self.prefill_batch_tokens)
+                if self.prefill_limit_tokens is not None and batch > self.prefill_limit_tokens:
+                    self.prefill_oom = batch
+                    break
+                w.pending.popleft()
+                w.running += 1
+                w.real_running += 0 if req.synthetic else 1
+                w.used += req.need
+                req.cached = self._lookup(w, req)
+                req.admitted = True
+                w.prompt_total += req.prompt_tokens
+                w.window.append((req.prompt_tokens, req.cached))
+                if req.synthetic:
+                    end = now + self._duration(req)
+                    heapq.heappush(self._finishing, (end, next(self._seq), req))
+                else:
+                    woke = True
         if woke:
             self._cond.notify_all()
 
-    def _release(self, req: _Request) -> None:
-        self._running -= 1
-        self._real_running -= 0 if req.synthetic else 1
-        self._used -= req.need
-        self._running_keys[req.key] -= 1
-        if self._running_keys[req.key] <= 0:
-            del self._running_keys[req.key]
+    def _release(self, req: Request) -> None:
+        w = self.workers[req.worker]
+        w.running -= 1
+        w.real_running -= 0 if req.synthetic else 1
+        w.used -= req.need
+        w.running_keys[req.key] -= 1
+        if w.running_keys[req.key] <= 0:
+            del w.running_keys[req.key]
 
-    def _lookup(self, req: _Request) -> int:
+    def _lookup(self, w: _Worker, req: Request) -> int:
         """Cached prompt tokens of ``req``; then mark its key in use and remember it (LRU
-        within the free device pool plus the host pool)."""
-        hit = self._running_keys[req.key] > 0 or req.key in self._lru
-        self._running_keys[req.key] += 1
-        if req.key in self._lru:
-            self._lru.move_to_end(req.key)
+        within the worker's free device pool plus the host pool)."""
+        hit = w.hit(req)
+        w.running_keys[req.key] += 1
+        if req.key in w.lru:
+            w.lru.move_to_end(req.key)
         else:
-            self._lru[req.key] = req.prefix_tokens
-            self._lru_used += req.prefix_tokens
-        room = max(0, self.max_total_num_tokens - self._used) + self.host_cache_tokens
-        while self._lru_used > room and self._lru:
-            _, size = self._lru.popitem(last=False)
-            self._lru_used -= size
+            w.lru[req.key] = req.prefix_tokens
+            w.lru_used += req.prefix_tokens
+        room = max(0, self.max_total_num_tokens - w.used) + self.host_cache_tokens
+        while w.lru_used > room and w.lru:
+            _, size = w.lru.popitem(last=False)
+            w.lru_used -= size
         return req.prefix_tokens if hit else 0
 
     @staticmethod
-    def _duration(req: _Request) -> float:
+    def _duration(req: Request) -> float:
         """A synthetic request's lifetime (real ones are paced by their HTTP thread)."""
         prefill = (req.prompt_tokens - req.cached) / PREFILL_TOKENS_PER_S
         return prefill + req.out_tokens / DECODE_TOKENS_PER_S

@@ -5,7 +5,10 @@ SGLang exports the scheduler's gauges from the first rank only (``tp_rank`` 0, `
 ``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank``
 (observability/metrics_collector.py, the scheduler collector's labels), and the tokenizer's
 counters with ``model_name`` and ``engine_type`` (``tokenizer_metric_labels``).
-``engine_type`` is ``unified`` outside prefill/decode disaggregation.
+``engine_type`` is ``unified`` outside prefill/decode disaggregation. With DP workers
+(attention DP, or DP replicas) each worker's scheduler exports its own gauges, from the
+first rank of its group, with a ``dp_rank`` label (``metrics_collector.py:1360-1393``); a
+scraper sums them (the supervisor's telemetry does).
 """
 
 from __future__ import annotations
@@ -25,30 +28,42 @@ TOKENIZER_LABELS = ("model_name", "engine_type")
 class SglangMetrics(Collector):
     """SGLang's metric names, read from the engine at scrape time."""
 
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    def __init__(self, engine: Engine, model_name: str, ranks: int = 1) -> None:
         self._engine = engine
         self._model = model_name
+        self._ranks = ranks
 
     def collect(self) -> Iterator[Metric]:
-        s = self._engine.stats()
-        gauges: list[tuple[str, str, float]] = [
-            ("sglang:num_running_reqs", "The number of running requests.", s.running),
-            ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", s.queued),
-            ("sglang:num_used_tokens", "The number of used tokens.", s.tokens),
-            ("sglang:token_usage", "The token usage.", s.token_usage),
-            ("sglang:gen_throughput", "The generation throughput (token/s).", s.gen_throughput),
-            ("sglang:cache_hit_rate", "The prefix cache hit rate.", s.cache_hit_rate),
-            (
-                "sglang:max_total_num_tokens",
-                "Maximum total number of tokens in the KV cache pool.",
-                self._engine.max_total_num_tokens,
-            ),
+        parts = self._engine.worker_stats()
+        attn_tp = max(1, self._ranks // len(parts))
+        labels = list(SCHEDULER_LABELS) + (["dp_rank"] if len(parts) > 1 else [])
+        families = [
+            ("sglang:num_running_reqs", "The number of running requests."),
+            ("sglang:num_queue_reqs", "The number of requests in the waiting queue."),
+            ("sglang:num_used_tokens", "The number of used tokens."),
+            ("sglang:token_usage", "The token usage."),
+            ("sglang:gen_throughput", "The generation throughput (token/s)."),
+            ("sglang:cache_hit_rate", "The prefix cache hit rate."),
+            ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."),
         ]
-        rank0 = [self._model, "unified", "0", "0", "0"]
-        for name, doc, value in gauges:
-            g = GaugeMetricFamily(name, doc, labels=list(SCHEDULER_LABELS))
-            g.add_metric(rank0, value)
-            yield g
+        gauges = {name: GaugeMetricFamily(name, doc, labels=labels) for name, doc in families}
+        for worker, w in enumerate(parts):
+            tp_rank = str(worker * attn_tp)
+            values = [self._model, "unified", tp_rank, "0", "0"]
+            if len(parts) > 1:
+                values.append(str(worker))
+            for name, value in (
+                ("sglang:num_running_reqs", w.running),
+                ("sglang:num_queue_reqs", w.queued),
+                ("sglang:num_used_tokens", w.tokens),
+                ("sglang:token_usage", w.token_usage),
+                ("sglang:gen_throughput", w.gen_throughput),
+                ("sglang:cache_hit_rate", w.cache_hit_rate),
+                ("sglang:max_total_num_tokens", self._engine.max_total_num_tokens),
+            ):
+                gauges[name].add_metric(values, value)
+        yield from gauges.values()
+        s = self._engine.stats()
         counters: list[tuple[str, str, float]] = [
             ("sglang:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total),
             (
@@ -63,9 +78,30 @@ class SglangMetrics(Collector):
             yield c
 
 
-def registry_for(engine: Engine, model_name: str) -> CollectorRegistry:
+def decode_lines(engine: Engine, ranks: int) -> list[tuple[str, str]]:
+    """SGLang's ``Decode batch`` line of each DP worker that has requests, with the rank
+    that logs it (``DP<i> TP<first rank of the group>`` with DP workers, else ``TP0``)."""
+    parts = engine.worker_stats()
+    attn_tp = max(1, ranks // len(parts))
+    out = []
+    for worker, s in enumerate(parts):
+        if not (s.running or s.queued):
+            continue
+        who = f"DP{worker} TP{worker * attn_tp}" if len(parts) > 1 else "TP0"
+        out.append(
+            (
+                who,
+                f"Decode batch, #running-req: {s.running}, #token: {s.tokens}, "
+                f"token usage: {s.token_usage:.2f}, cuda graph: {s.cuda_graph}, "
+                f"gen throughput (token/s): {s.gen_throughput:.2f}, #queue-req: {s.queued}",
+            )
+        )
+    return out
+
+
+def registry_for(engine: Engine, model_name: str, ranks: int = 1) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SglangMetrics(engine, model_name))
+    registry.register(SglangMetrics(engine, model_name, ranks))
     return registry
 
 

@@ -11,9 +11,10 @@ Environment:
 * ``CUDA_VISIBLE_DEVICES`` — comma list of simulated GPU UUIDs (or indices); rank r uses
   entry ``base_gpu_id + r × gpu_id_step``. Unset: the 8 default simulated GPUs.
 * ``SGLANG_SIM_GPU_DIR`` (required) — the registry directory of ``SimGpuProbe``.
-* ``SGLANG_SIM_GPU_MEMORY_MIB`` (143771), ``SGLANG_SIM_OOM_FRACTION`` (0.95: a larger
-  ``--mem-fraction-static`` fails like a CUDA OOM), ``SGLANG_SIM_STARTUP_S`` (1.5: the
-  simulated model load), ``SGLANG_SIM_FAULTS`` (see ``supervisor.sim.faults``).
+* ``SGLANG_SIM_GPU_MEMORY_MIB`` (143771), ``SGLANG_SIM_STARTUP_S`` (1.5: the simulated
+  model load), ``SGLANG_SIM_FAULTS`` (see ``supervisor.sim.faults``). Memory runs out where
+  SGLang's does (``supervisor.sim.capacity``): at CUDA-graph capture, or on the first
+  prefill that needs more activation memory than ``--mem-fraction-static`` leaves.
 * ``SGLANG_SIM_LOAD`` — a synthetic workload bounded by the KV pool (see
   ``supervisor.sim.load``).
 * ``SGLANG_SIM_MODEL_CONFIG`` — a config.json for the served model when ``--model-path``
@@ -35,7 +36,8 @@ Endpoints (``supervisor.sim.http``): ``/generate``, ``/v1/completions``,
 
 Signals: SIGTERM or SIGINT as SGLang 0.5.23 handles them — keep serving, drain with no
 deadline of its own, then stop the children and exit 0 (``supervisor.sim.lifecycle``).
-Exit 1 on a start-up failure (OOM, too few GPUs, a fault, a child that died).
+Exit 1 on a start-up failure (capture OOM, too few GPUs, a fault, a child that died) or a
+prefill's CUDA out of memory.
 
 Modules: ``flags`` (SGLang's flags, the SGLANG_SIM_* environment), ``lifecycle`` (the
 launcher), ``children`` (ranks and detokenizer), ``http`` (endpoints), ``generate``

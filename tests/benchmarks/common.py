@@ -261,7 +261,6 @@ class SimHost:
             {
                 "SGLANG_SIM_GPU_DIR": str(self.registry),
                 "SGLANG_SIM_GPU_MEMORY_MIB": str(SIM_MEMORY_MIB),
-                "SGLANG_SIM_OOM_FRACTION": "0.95",
                 "SGLANG_SIM_STARTUP_S": str(startup_s),
                 "SGLANG_SIM_FAULTS": faults,
                 "CUDA_VISIBLE_DEVICES": ",".join(sim_gpu_uuid(i) for i in range(self.gpus)),

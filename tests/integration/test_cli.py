@@ -198,14 +198,14 @@ def test_apply_shows_phases_in_order_and_sends_typed_values(daemon: Daemon, tmp_
 
 
 def test_oom_rolls_back_with_exit_3_and_the_reason(daemon: Daemon) -> None:
-    r = cli(daemon, "apply", "--set", "mem_fraction_static=0.97")
+    r = cli(daemon, "apply", "--set", "mem_fraction_static=0.99")
     assert r.returncode == 3, r.stdout + r.stderr
     assert "rolled back after" in r.stdout
     assert "CUDA out of memory" in r.stdout
     assert "rollback_start" in r.stdout
     assert daemon.status()["levers"]["mem_fraction_static"] == 0.85
 
-    r = cli(daemon, "apply", "--set", "mem_fraction_static=0.97", "--json")
+    r = cli(daemon, "apply", "--set", "mem_fraction_static=0.99", "--json")
     assert r.returncode == 3
     op = json.loads(r.stdout)
     assert op["state"] == "rolled_back" and "out of memory" in op["rollback_reason"]

@@ -62,7 +62,7 @@ def test_apply_succeeds_with_new_levers_and_new_pid(daemon_factory: type[Daemon]
 def test_oom_rolls_back_to_previous_levers(daemon_factory: type[Daemon]) -> None:
     d = daemon_factory().start()
     old_levers = d.status()["levers"]
-    op = _op(d.apply({"mem_fraction_static": 0.97}))
+    op = _op(d.apply({"mem_fraction_static": 0.99}))
     assert op["state"] == "rolled_back", op
     assert "out of memory" in op["error"].lower()
     assert any("CUDA out of memory" in line for line in op["log_tail"])
@@ -70,6 +70,21 @@ def test_oom_rolls_back_to_previous_levers(daemon_factory: type[Daemon]) -> None
     assert s["state"] == "ready"
     assert s["levers"] == old_levers
     assert s["last_good_levers"]["levers"]["mem_fraction_static"] == 0.85
+
+
+def test_a_prefill_oom_within_probation_rolls_back(daemon_factory: type[Daemon]) -> None:
+    # 0.97 at TP4 passes CUDA-graph capture but leaves activations for ~1248 prompt tokens
+    # (supervisor/sim/capacity.py, SGLang's reserve rule): the load's first longer prompt
+    # crashes the new server with CUDA out of memory inside its probation.
+    d = daemon_factory(timeouts={"probation_s": 10.0}).start()
+    load = {"SGLANG_SIM_LOAD": "rate=5,avg_tokens=8000,seed=1"}
+    op = _op(d.apply({"mem_fraction_static": 0.97}, env=load))
+    assert op["state"] == "rolled_back", op
+    assert "within the probation window" in op["error"], op["error"]
+    assert "CUDA out of memory: lower mem_fraction_static" in op["error"]
+    assert any("needs" in ln and "GiB of activations" in ln for ln in op["log_tail"])
+    s = d.status()
+    assert s["state"] == "ready" and s["levers"]["mem_fraction_static"] == 0.85
 
 
 def test_crash_on_start_rolls_back(daemon_factory: type[Daemon]) -> None:

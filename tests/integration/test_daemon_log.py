@@ -12,7 +12,7 @@ def test_json_log_with_one_line_per_operation_end(daemon_factory: type[Daemon]) 
     d = daemon_factory()
     d.args = ["--log-format", "json"]
     d.start()
-    op = d.apply({"mem_fraction_static": 0.97}).json()["operation"]  # OOM at start
+    op = d.apply({"mem_fraction_static": 0.99}).json()["operation"]  # OOM at start
     assert op["state"] == "rolled_back", op
 
     def records() -> list[dict[str, object]]:

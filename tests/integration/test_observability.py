@@ -61,10 +61,15 @@ def test_metrics_after_an_apply(daemon_factory: type[Daemon]) -> None:
 
 def test_rollback_counts_and_logs_show_the_oom(daemon_factory: type[Daemon]) -> None:
     d = daemon_factory().start()
-    op = d.apply({"mem_fraction_static": 0.97}).json()["operation"]
+    op = d.apply({"mem_fraction_static": 0.99}).json()["operation"]
     assert op["state"] == "rolled_back"
-    m = scrape(d)
-    assert value(m, "operations_total", kind="apply", outcome="rolled_back") == 1
+
+    # The daemon's view (hence /metrics) catches up with the operation's end a moment later.
+    def counted() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+        m = scrape(d)
+        return m if value(m, "operations_total", kind="apply", outcome="rolled_back") == 1 else None
+
+    m = wait_until(counted, 10, 0.05, "the rollback counted in /metrics")
     assert value(m, "phase_duration_seconds_count", phase="start") == 3  # first, failed, rollback
     # The failed launch is the one before the current: its log shows the OOM.
     failed = d.client.get("/logs", params={"tail": 20, "launch": 1})

@@ -138,8 +138,8 @@ def test_status_page_through_an_apply_and_a_rollback(
         p.wait("document.getElementById('v-throughput').innerText !== '0'", 30, "throughput")
         p.screenshot(shots / "status-page-apply.png")
 
-        # A change that fails at start (the simulated OOM): rolled back, last-good serving.
-        apply_through_the_form(p, "mem_fraction_static = 0.97")
+        # A change that fails at start (CUDA-graph capture OOM): rolled back, last-good serving.
+        apply_through_the_form(p, "mem_fraction_static = 0.99")
         p.wait(
             "/rolled_back/.test(document.getElementById('apply-state').innerText)",
             60,

@@ -53,3 +53,10 @@ def test_default_config_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     own.write_text("[api]\nport = 9400\n")
     monkeypatch.setenv("SGLANG_SUPERVISOR_CONFIG", str(own))
     assert load_settings(None, {}).api.port == 9400
+
+
+def test_the_retired_sim_oom_fraction_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("simulate = true\n[sim]\ngpus = 2\noom_fraction = 0.95\n")
+    settings = load_settings(path, {})
+    assert settings.sim.gpus == 2 and not hasattr(settings.sim, "oom_fraction")

@@ -166,3 +166,31 @@ def test_the_simulated_model_follows_model_path_then_the_env(tmp_path: Path) -> 
     path.write_text("{")
     with pytest.raises(PlanError, match="not valid JSON"):
         capacity.resolve_model("meta-llama/x", env)
+
+
+def test_dp_workers_each_have_their_own_pool_and_share_of_requests() -> None:
+    # 4 DP workers of 100k tokens and 3 requests each, fed round robin: 12 run, each
+    # worker's pool fills on its own, the rest queue on their workers.
+    load = LoadSpec(rate=100, avg_tokens=20000, out_tokens=5000)
+    e = Engine(100_000, 3, workers=4, load=load)
+    run(e, 5)
+    parts = e.worker_stats()
+    assert len(parts) == 4
+    assert all(p.running == 3 and p.queued > 0 for p in parts)
+    assert all(p.tokens <= 100_000 for p in parts)
+    s = e.stats()
+    assert s.running == 12 and s.queued == sum(p.queued for p in parts)
+    assert s.tokens == sum(p.tokens for p in parts)
+
+
+def test_a_prefill_over_the_activation_limit_stops_admission() -> None:
+    e = Engine(100_000, 8, prefill_batch_tokens=8192, prefill_limit_tokens=900)
+    r = e.submit("short", 800, 1)
+    assert r is not None and r.admitted and e.prefill_oom is None
+    e.finish(r, 1)
+    big = e.submit("long", 2000, 1)
+    assert big is not None and not big.admitted and e.prefill_oom == 2000
+    # A prompt longer than the chunk prefills a chunk at a time.
+    e2 = Engine(100_000, 8, prefill_batch_tokens=8192, prefill_limit_tokens=8192)
+    huge = e2.submit("huge", 30_000, 1)
+    assert huge is not None and huge.admitted and e2.prefill_oom is None

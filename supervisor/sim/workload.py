@@ -1,0 +1,125 @@
+"""The simulated server's synthetic workload: ``SGLANG_SIM_LOAD``, parsed (see
+``supervisor.sim.load`` for what the engine does with it)."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+LOAD_ENV = "SGLANG_SIM_LOAD"
+#: Simulated speeds: decode tokens/s of one request, prefill tokens/s.
+DECODE_TOKENS_PER_S = 100.0
+PREFILL_TOKENS_PER_S = 20000.0
+MAX_RATE = 2000.0
+#: Admissions the cache hit rate is averaged over (SGLang's gauge is recent, not lifetime).
+HIT_RATE_WINDOW = 256
+#: A stalled process does not replay the arrivals it missed beyond this many seconds.
+MAX_CATCH_UP_S = 2.0
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """A synthetic workload (``SGLANG_SIM_LOAD``; see ``supervisor.sim.load``)."""
+
+    rate: float
+    avg_tokens: int
+    out_tokens: int = 256
+    seed: int = 0
+    max_queue: int = 5000
+    prefixes: int = 256
+    prefix_share: float = 0.5
+
+    def describe(self) -> str:
+        return (
+            f"rate={self.rate:g}/s, avg_tokens={self.avg_tokens}, out_tokens={self.out_tokens}, "
+            f"seed={self.seed}, max_queue={self.max_queue}, prefixes={self.prefixes}, "
+            f"prefix_share={self.prefix_share:g}"
+        )
+
+
+_LIMITS: dict[str, tuple[type, float, float]] = {
+    "rate": (float, 1e-3, MAX_RATE),
+    "avg_tokens": (int, 2, 10_000_000),
+    "out_tokens": (int, 1, 1_000_000),
+    "seed": (int, 0, 2**63),
+    "max_queue": (int, 0, 1_000_000),
+    "prefixes": (int, 1, 100_000),
+    "prefix_share": (float, 0.0, 1.0),
+}
+
+
+def parse_load(text: str) -> LoadSpec | None:
+    """Parse ``SGLANG_SIM_LOAD``; None when empty. ``ValueError`` names the bad item."""
+    if not text.strip():
+        return None
+    values: dict[str, float] = {}
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in _LIMITS:
+            raise ValueError(
+                f"{LOAD_ENV}: {item!r} is not one of {', '.join(k + '=' for k in _LIMITS)}"
+            )
+        kind, low, high = _LIMITS[key]
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not (low <= number <= high) or (kind is int and not number.is_integer()):
+            what = "an integer" if kind is int else "a number"
+            raise ValueError(
+                f"{LOAD_ENV}: {key}={value.strip()!r} must be {what} in [{low:g}, {high:g}]"
+            )
+        values[key] = number
+    missing = [k for k in ("rate", "avg_tokens") if k not in values]
+    if missing:
+        raise ValueError(
+            f"{LOAD_ENV}={text!r} lacks {' and '.join(missing)}: give at least "
+            "rate=<requests/s>,avg_tokens=<tokens per request>"
+        )
+    return LoadSpec(
+        rate=values["rate"],
+        avg_tokens=int(values["avg_tokens"]),
+        out_tokens=int(values.get("out_tokens", 256)),
+        seed=int(values.get("seed", 0)),
+        max_queue=int(values.get("max_queue", 5000)),
+        prefixes=int(values.get("prefixes", 256)),
+        prefix_share=values.get("prefix_share", 0.5),
+    )
+
+
+@dataclass(eq=False)
+class Request:
+    """One request: a real ``/generate`` or a synthetic one, and where it runs."""
+
+    need: int
+    prompt_tokens: int
+    out_tokens: int
+    #: Prefix-cache key and the prompt tokens it covers.
+    key: str
+    prefix_tokens: int
+    synthetic: bool
+    worker: int = 0
+    admitted: bool = False
+    cached: int = 0
+
+
+def synthetic(load: LoadSpec, rng: random.Random, prefix_cum: list[float]) -> Request:
+    """The next synthetic request: ~``avg_tokens`` (uniform in [T/2, 3T/2]), its shared
+    prefix drawn Zipf-popular (``prefix_cum``: the cumulative weights)."""
+    need = max(2, int(load.avg_tokens * rng.uniform(0.5, 1.5)))
+    out = max(1, min(load.out_tokens, need // 2))
+    prompt = need - out
+    prefix = rng.choices(range(load.prefixes), cum_weights=prefix_cum)[0]
+    return Request(
+        need=need,
+        prompt_tokens=prompt,
+        out_tokens=out,
+        key=f"s:{prefix}",
+        prefix_tokens=min(prompt, int(load.prefix_share * load.avg_tokens)),
+        synthetic=True,
+    )
