@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervisor.units import GB, GiB
+from supervisor.units import GB, GiB, MiB
 
 Json = dict[str, Any]
 
@@ -25,6 +25,61 @@ def _size(n: Any) -> str:
     if not isinstance(n, (int, float)):
         return "-"
     return f"{n / GiB:,.1f} GiB"
+
+
+def _either(cur: Json, new: Json, key: str) -> bool:
+    return bool(cur.get(key)) or bool(new.get(key))
+
+
+def _pool_rows(cur: Json, new: Json) -> list[tuple[str, str, str]]:
+    """The sliding-window and Mamba/linear-attention pools, when the model has them."""
+    rows: list[tuple[str, str, str]] = []
+    if _either(cur, new, "swa_tokens_per_rank"):
+        rows.append(
+            (
+                "sliding-window tokens per rank",
+                _num(cur.get("swa_tokens_per_rank")),
+                _num(new.get("swa_tokens_per_rank")),
+            )
+        )
+    if _either(cur, new, "mamba_slots_per_rank"):
+        rows.append(
+            (
+                "Mamba state slots per worker",
+                _num(cur.get("mamba_slots_per_rank")),
+                _num(new.get("mamba_slots_per_rank")),
+            )
+        )
+        rows.append(
+            (
+                "Mamba state per slot",
+                f"{(cur.get('mamba_state_bytes') or 0) / MiB:,.1f} MiB",
+                f"{(new.get('mamba_state_bytes') or 0) / MiB:,.1f} MiB",
+            )
+        )
+        rows.append(
+            (
+                "request cap of the slots",
+                _num(cur.get("mamba_request_cap")),
+                _num(new.get("mamba_request_cap")),
+            )
+        )
+    return rows
+
+
+def _worker_rows(cur: Json, new: Json) -> list[tuple[str, str, str]]:
+    """Attention DP / DP replicas: one KV pool and scheduler per worker."""
+    if max(cur.get("kv_pools") or 1, new.get("kv_pools") or 1) <= 1:
+        return []
+    return [
+        ("attn_dp_size", _num(cur.get("attn_dp_size")), _num(new.get("attn_dp_size"))),
+        ("KV pools (DP workers)", _num(cur.get("kv_pools")), _num(new.get("kv_pools"))),
+        (
+            "max_running_requests per worker",
+            _num(cur.get("max_running_requests_per_worker")),
+            _num(new.get("max_running_requests_per_worker")),
+        ),
+    ]
 
 
 def render_plan(plan: Json) -> str:
@@ -61,6 +116,7 @@ def render_plan(plan: Json) -> str:
             _num(cur["kv_tokens_per_rank"]),
             f"{_num(new['kv_tokens_per_rank'])} ({delta:+,})",
         ),
+        *_pool_rows(cur, new),
         (
             f"concurrent requests @ {avg:,}",
             _num(cur["concurrent_requests"]),
@@ -81,6 +137,7 @@ def render_plan(plan: Json) -> str:
             _num(cur["max_running_requests"]),
             _num(new["max_running_requests"]),
         ),
+        *_worker_rows(cur, new),
         (
             "cuda_graph_max_bs_decode",
             _num(cur["cuda_graph_max_bs_decode"]),

@@ -82,3 +82,65 @@ def test_unreachable_daemon_exits_1() -> None:
     code, _, err = plan("--url", f"127.0.0.1:{free_port()}")
     assert code == 1
     assert "cannot reach the daemon" in err and "--url" in err
+
+
+# --- the pools of hybrid and attention-DP models, as text -------------------------------
+
+
+def _rendered(model: str, levers: dict[str, object]) -> tuple[dict[str, object], str]:
+    from api.cli.plan_render import render_plan
+    from supervisor import planner
+    from tests.planner_cases import H200, planner_model
+
+    hw = planner.Hardware(8, H200, 1024 * 2**30)
+    data = planner.propose(planner_model(model), hw, levers, avg_tokens=4096).to_json()
+    return data, render_plan(data)
+
+
+def _row(text: str, label: str) -> list[str]:
+    """The current and proposed cells of the table row ``label``."""
+    for line in text.splitlines():
+        if line.startswith(label + "  "):
+            return line[len(label) :].split()
+    raise AssertionError(f"no row {label!r} in:\n{text}")
+
+
+def test_sliding_window_pool_is_a_row() -> None:
+    data, text = _rendered("gpt-oss-120b", {"tp_size": 8})
+    cur = data["current"]
+    # swa_full_tokens_ratio 0.8 (pool_configurator.py:786-803): the SWA pool beside the full.
+    assert cur["swa_tokens_per_rank"] == int(0.8 * cur["kv_tokens_per_rank"])
+    assert _row(text, "sliding-window tokens per rank") == [
+        f"{cur['swa_tokens_per_rank']:,}",
+        f"{data['proposed']['swa_tokens_per_rank']:,}",
+    ]
+    assert "Mamba" not in text.split("Levers")[0] and "KV pools" not in text
+
+
+def test_mamba_pool_and_its_request_cap_are_rows() -> None:
+    data, text = _rendered("Qwen3-Next-80B-A3B", {"tp_size": 8})
+    cur, new = data["current"], data["proposed"]
+    assert _row(text, "Mamba state slots per worker") == [
+        f"{cur['mamba_slots_per_rank']:,}",
+        f"{new['mamba_slots_per_rank']:,}",
+    ]
+    # 36 GDN layers × (conv 1024×3 bf16 + SSM 4×128×128 fp32) = 9,658,368 B = 9.2 MiB.
+    assert _row(text, "Mamba state per slot") == ["9.2", "MiB", "9.2", "MiB"]
+    assert _row(text, "request cap of the slots") == [
+        f"{cur['mamba_request_cap']:,}",
+        f"{new['mamba_request_cap']:,}",
+    ]
+    assert "sliding-window tokens" not in text
+
+
+def test_attention_dp_workers_are_rows() -> None:
+    data, text = _rendered("DeepSeek-V3", {"tp_size": 8, "attn_dp_size": 8})
+    assert _row(text, "attn_dp_size") == ["8", "8"]
+    assert _row(text, "KV pools (DP workers)") == ["8", "8"]
+    per_worker = _row(text, "max_running_requests per worker")
+    assert per_worker[0] == f"{data['current']['max_running_requests_per_worker']:,}"
+    assert per_worker[1] == f"{data['proposed']['max_running_requests_per_worker']:,}"
+    # Plain TP8: the planner proposes attention DP for the MLA model; the rows show 1 -> 8.
+    data, text = _rendered("DeepSeek-V3", {"tp_size": 8})
+    assert data["levers"]["attn_dp_size"] == 8
+    assert _row(text, "KV pools (DP workers)") == ["1", "8"]
