@@ -180,7 +180,8 @@ def test_launcher_killed_from_outside_is_cleaned_and_relaunched(
     def relaunched() -> dict[str, Any] | None:
         st = d.status()
         ok = st["state"] == "ready" and st["server"] and st["server"]["pid"] != leader
-        return st if ok else None
+        # The recovery counts once it has ended (not at the ready transition).
+        return st if ok and st["operation"] is None else None
 
     after = wait_until(relaunched, 30, 0.05, "a relaunch after the launcher was killed")
     assert after["restarts"] == 1 and after["restarts_by_reason"] == {"crash": 1}
