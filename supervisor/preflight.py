@@ -23,6 +23,7 @@ from supervisor.planner.hicache import (
     SGLANG_HOST_RAM_MARGIN,
     auto_sized,
     available_host_ram_bytes,
+    held_host_bytes,
     host_pool_bytes_per_rank,
 )
 from supervisor.units import GB, GiB
@@ -63,6 +64,20 @@ def host_facts(simulated_ram_bytes: int | None) -> HostFacts:
         return HostFacts(simulated_ram_bytes, "simulated")
     available, source = available_host_ram_bytes()
     return HostFacts(available, source)
+
+
+def running_host_pool(
+    levers: Mapping[str, Any], gpu_total_bytes: int, host: HostFacts
+) -> tuple[HostFacts, int]:
+    """The host as the new server would find it while the running server (``levers``)
+    still holds its hierarchical cache, and the pinned bytes that cache frees at the stop
+    (``supervisor.planner.hicache.held_host_bytes``: SGLang's auto-sizing rule, not ratio
+    2.0). The simulated host's RAM is what is available with nothing of ours running: the
+    running simulated server's pools, sized from it, are taken out first."""
+    if host.ram_source == "simulated":
+        taken = pinned_host_bytes(levers, gpu_total_bytes, host.available_ram_bytes)
+        host = HostFacts(max(0, host.available_ram_bytes - taken), host.ram_source)
+    return host, held_host_bytes(levers, gpu_total_bytes, host.available_ram_bytes)
 
 
 def port_problem(host: str, port: int) -> str | None:

@@ -242,9 +242,11 @@ async def preflight(sup: Supervisor, levers: LeverSet) -> list[LeverProblem]:
         return [LeverProblem("gpus", f"cannot query the managed GPUs: {exc}")]
     running = sup.state not in IDLE_STATES
     freed = 0
+    host = host_preflight.host_facts(sup.backend.simulated_host_ram_bytes)
     if running and sup.server is not None:
+        # What the running server's host pool frees at the stop, by SGLang's own sizing rule.
         gpu_total = min((g.memory_total_bytes for g in sup.managed), default=0)
-        freed = host_preflight.pinned_host_bytes(sup.server.levers.levers, gpu_total)
+        host, freed = host_preflight.running_host_pool(sup.server.levers.levers, gpu_total, host)
     problems = await asyncio.to_thread(state_dir_problems, sup.journal.dir, sup.journal.logs_dir)
     return problems + await asyncio.to_thread(
         host_preflight.check,
@@ -253,7 +255,7 @@ async def preflight(sup: Supervisor, levers: LeverSet) -> list[LeverProblem]:
         samples=samples,
         member_pids=members,
         pids_are_local=sup.probe.pids_are_local(),
-        host=host_preflight.host_facts(sup.backend.simulated_host_ram_bytes),
+        host=host,
         freed_on_stop_bytes=freed,
         server_host=sup.settings.server.host,
         server_port=sup.settings.server.port,

@@ -80,6 +80,35 @@ def host_pool_bytes_per_rank(
     return max(0, int(auto_ratio(device, host_available_bytes, ranks) * device))
 
 
+def held_host_bytes(
+    levers: Mapping[str, Any], gpu_total_bytes: int, host_available_now_bytes: int
+) -> int:
+    """Pinned host RAM a *running* server's hierarchical cache holds over all its ranks
+    (what it frees when it stops), ``host_available_now_bytes`` being measured with it in
+    place.
+
+    Explicit ``hicache_size`` / ``hicache_ratio``: as ``host_pool_bytes_per_rank``. Auto-
+    sized: SGLang took ``hicache_host_memory_fraction`` of what was available at the
+    server's start (``mem_cache/hicache_auto_size.py:96-97``,
+    ``mem_cache/pool_host/base.py:84-108``) — what is available now plus what the pool
+    took, so the held bytes are the fixed point ``P = ranks × per_rank(now + P)`` (a
+    contraction: each step changes by 0.76× the last). Assumes nothing else took or gave
+    back host RAM since; more than that is never assumed (not ratio 2.0).
+    """
+    ranks = Layout.of(levers).ranks
+    if not auto_sized(levers):
+        return ranks * host_pool_bytes_per_rank(levers, gpu_total_bytes)
+    held = 0
+    for _ in range(200):
+        step = ranks * host_pool_bytes_per_rank(
+            levers, gpu_total_bytes, host_available_now_bytes + held
+        )
+        if abs(step - held) < 1 << 20:
+            return step
+        held = step
+    return held
+
+
 def host_pool_tokens(
     hicache_size_gb: int, hicache_ratio: float | None, device_tokens: int, cell: float
 ) -> int:

@@ -272,6 +272,31 @@ def test_dry_run_reports_and_touches_nothing(daemon_factory: type[Daemon]) -> No
     assert d.status()["server"]["pid"] == pid
 
 
+def test_preflight_counts_what_an_auto_sized_host_cache_frees(
+    daemon_factory: type[Daemon],
+) -> None:
+    # The running server's host pool is auto-sized by SGLang's rule: 0.8 × 0.95 of the
+    # 400 GiB simulated host after the 10 GiB reserve = 296.4 GiB over its 4 ranks
+    # (hicache_auto_size.py:96-97, pool_host/base.py:84-108), all of it freed at the stop.
+    # A new explicit pool must fit 400 − 10 GiB = 418.8 GB: 100 GB × 4 ranks does, 110 does
+    # not (ratio 2.0 would have counted 955 GiB freed and let 110 through).
+    levers = {
+        "model_path": "sim/llama",
+        "tp_size": 4,
+        "mem_fraction_static": 0.85,
+        "enable_hierarchical_cache": True,
+    }
+    d = daemon_factory(levers=levers, sim={"host_ram_gib": 400}).start()
+    op = _op(d.apply({"hicache_size": 100}, dry_run=True))
+    assert op["state"] == "succeeded", op
+    r = d.apply({"hicache_size": 110}, dry_run=True)
+    assert r.status_code == 422, r.text
+    (problem,) = r.json()["detail"]["problems"]
+    assert problem["lever"] == "hicache_size"
+    assert "= 440.0 GB of pinned host RAM" in problem["message"]
+    assert "margin = 418.8 GB" in problem["message"], problem["message"]
+
+
 def test_operation_is_readable_by_id_and_unknown_is_404(daemon_factory: type[Daemon]) -> None:
     d = daemon_factory().start()
     op = _op(d.apply({"chunked_prefill_size": 4096}, wait=False))

@@ -21,6 +21,7 @@ from supervisor.sim import capacity
 from tests.planner_cases import CASES, H200, MODELS, Case, planner_model
 
 GiB = 1 << 30
+MiB = 1 << 20
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -178,6 +179,40 @@ def test_auto_sized_host_cache_passes_preflight_where_sglang_starts_it() -> None
     assert msg.startswith("enable_hierarchical_cache: the hierarchical cache is auto-sized")
     # An explicit ratio is still checked as SGLang checks it.
     assert _preflight({**levers, "hicache_ratio": 2.0}, 1000)[0].startswith("hicache_ratio:")
+
+
+def test_a_running_auto_sized_host_cache_frees_what_sglang_gave_it() -> None:
+    """SGLang auto-sized the running server's host pool at its start to 0.8 × 0.95 of the
+    RAM then available after 10 GiB (hicache_auto_size.py:96-97, pool_host/base.py:84-108):
+    with 100 GiB available now, that was P = 0.76 × (100 + P − 10) GiB = 285 GiB — not
+    ratio 2.0 × the device pool (2,021 GiB at TP8)."""
+    running = {"tp_size": 8, "enable_hierarchical_cache": True}
+    now = preflight.HostFacts(100 * GiB, "host")
+    host, freed = preflight.running_host_pool(running, H200, now)
+    assert host == now
+    assert abs(freed - 0.76 * 90 / 0.24 * GiB) < 8 * MiB
+    # A new explicit pool is checked against now + freed − 10 GiB = 375 GiB = 402.7 GB.
+    gpus = [GpuInfo(i, f"GPU-{i}", "NVIDIA H200", H200) for i in range(8)]
+
+    def check(size_gb: int) -> list[str]:
+        problems = preflight.check(
+            LeverSet({"model_path": "m", "tp_size": 8, "enable_hierarchical_cache": True,
+                      "hicache_size": size_gb}),
+            managed=gpus, samples=None, member_pids=set(), pids_are_local=False, host=host,
+            freed_on_stop_bytes=freed, server_host="127.0.0.1", server_port=1,
+            port_is_ours=True,
+        )  # fmt: skip
+        return [p.lever for p in problems]
+
+    assert check(50) == []  # 400 GB
+    assert check(51) == ["hicache_size"]  # 408 GB
+    # The simulated host's RAM is what is free with nothing running: the running pool
+    # (0.76 × 90 GiB = 68.4 GiB) is taken out, and given back at the stop.
+    sim_host, sim_freed = preflight.running_host_pool(
+        running, H200, preflight.HostFacts(100 * GiB, "simulated")
+    )
+    assert abs(sim_freed - 0.76 * 90 * GiB) < 8 * MiB
+    assert abs(sim_host.available_ram_bytes + sim_freed - 100 * GiB) < 8 * MiB
 
 
 def test_docs_table_is_generated_from_these_cases() -> None:
