@@ -38,10 +38,11 @@ from api.state_lock import StateDirBusy, lock_state_dir
 from supervisor import sdnotify
 from supervisor.config import Settings, instance_name
 from supervisor.engine import Supervisor
-from supervisor.process import set_child_subreaper, teardown
+from supervisor.process import set_child_subreaper
 from supervisor.router import read_api_key
 from supervisor.runtime import build_supervisor
 from supervisor.states import ServerState
+from supervisor.teardown import teardown
 
 log = logging.getLogger("supervisor")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from supervisor.gpu import GpuProbe
-from supervisor.process import TeardownReport
+from supervisor.teardown import TeardownReport
 
 if TYPE_CHECKING:
     from supervisor.planner import ModelSpec

@@ -7,9 +7,8 @@ Members of a launch are the union of (DESIGN.md "Teardown"):
 * every process whose environment carries ``SGLANG_SUPERVISOR_INSTANCE=<tag>``: set at
   spawn, inherited by all descendants, it survives re-parenting and ``setsid``.
 
-``teardown`` sends SIGTERM to the group and every member, waits ``grace_s``, sends SIGKILL
-to whatever is left (re-scanning for members first), and reaps. Nothing here touches a
-process outside that union.
+``supervisor.teardown`` stops them in stages with the signal helpers here. Nothing here
+touches a process outside that union.
 """
 
 from __future__ import annotations
@@ -21,9 +20,8 @@ import logging
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -266,56 +264,6 @@ def find_members(
     return members
 
 
-@dataclass
-class Survivor:
-    pid: int
-    status: str
-    cmdline: str
-
-    def describe(self) -> str:
-        why = {
-            psutil.STATUS_DISK_SLEEP: "in uninterruptible sleep (D state: stuck in the kernel "
-            "or the GPU driver; only the driver or a reboot frees it)",
-            psutil.STATUS_ZOMBIE: "a zombie nobody has reaped",
-            psutil.STATUS_STOPPED: "stopped (SIGSTOP / ptrace)",
-        }.get(self.status, f"state {self.status}")
-        return f"pid {self.pid} ({self.cmdline[:80]}) is {why}"
-
-
-@dataclass
-class TeardownReport:
-    members: list[int] = field(default_factory=list)
-    sigterm_sent: list[int] = field(default_factory=list)
-    sigkill_sent: list[int] = field(default_factory=list)
-    #: Seconds from the first SIGTERM until no member was left (None: some survived).
-    exit_s: float | None = None
-    #: Seconds from the first SIGTERM until SIGKILL was needed (None: SIGTERM sufficed).
-    kill_after_s: float | None = None
-    survivors: list[Survivor] = field(default_factory=list)
-
-    @property
-    def clean(self) -> bool:
-        return not self.survivors
-
-    def describe(self) -> str:
-        if not self.members:
-            return "no member process was running"
-        how = "SIGTERM" if not self.sigkill_sent else f"SIGKILL to {self.sigkill_sent}"
-        if self.clean:
-            return f"{len(self.members)} member processes exited after {how} in {self.exit_s:.2f}s"
-        return "; ".join(s.describe() for s in self.survivors) + f" (after {how})"
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "members": self.members,
-            "sigterm_sent": self.sigterm_sent,
-            "sigkill_sent": self.sigkill_sent,
-            "exit_s": self.exit_s,
-            "kill_after_s": self.kill_after_s,
-            "survivors": [s.describe() for s in self.survivors],
-        }
-
-
 def _signal(pids: Iterable[int], sig: signal.Signals, alive: Mapping[int, float]) -> None:
     for pid in pids:
         if not _alive(pid, alive.get(pid)):
@@ -349,89 +297,3 @@ def reap(launch: Launch | None, pids: Iterable[int]) -> None:
             continue  # Popen owns its status
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
-
-
-def teardown(
-    launch: Launch | None,
-    *,
-    tag: str | None = None,
-    tag_prefix: str | None = None,
-    exclude_tag: str | None = None,
-    grace_s: float,
-    kill_timeout_s: float,
-    poll_s: float = 0.02,
-    rescan_s: float = 0.25,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-    cut_grace: Callable[[], bool] | None = None,
-) -> TeardownReport:
-    """Stop every member: SIGTERM, wait up to ``grace_s``, SIGKILL, wait up to ``kill_timeout_s``.
-
-    ``cut_grace`` is asked at every poll of the grace period: True ends it at once (a
-    forced shutdown: SIGKILL now).
-
-    SIGTERM goes to the launcher's process group and to every member individually (ranks
-    that called ``setsid`` are not in the group). Members are re-scanned before SIGKILL, so
-    a process spawned during the grace period is not missed. Blocking: run in a thread.
-    Returns a report; survivors (D-state, unkillable) are listed, never hidden.
-    """
-    report = TeardownReport()
-    members = find_members(launch, tag=tag, tag_prefix=tag_prefix, exclude_tag=exclude_tag)
-    report.members = sorted(members)
-    start = clock()
-    # Individually too: members that called setsid are not in the group.
-    report.sigterm_sent = sorted(members)
-    if launch is not None and not launch.poll():
-        _killpg(launch.pid, signal.SIGTERM)
-    _signal(sorted(members), signal.SIGTERM, members)
-
-    last_scan = start
-
-    def remaining(force_scan: bool = False) -> dict[int, float]:
-        nonlocal last_scan
-        reap(launch, members)
-        # Re-scan now and then: a member may have spawned a child (a full /proc scan costs
-        # milliseconds, so not at every poll). The create time guards against pid reuse.
-        if force_scan or clock() - last_scan >= rescan_s:
-            members.update(
-                find_members(launch, tag=tag, tag_prefix=tag_prefix, exclude_tag=exclude_tag)
-            )
-            last_scan = clock()
-        return {p: ct for p, ct in members.items() if _alive(p, ct)}
-
-    left = remaining()
-    deadline = start + grace_s
-    while left and clock() < deadline and not (cut_grace is not None and cut_grace()):
-        sleep(poll_s)
-        left = remaining()
-    left = remaining(force_scan=True)
-    if left:
-        report.kill_after_s = clock() - start
-        if launch is not None and not launch.poll():
-            _killpg(launch.pid, signal.SIGKILL)
-        killed: set[int] = set()
-        deadline = clock() + kill_timeout_s
-        while left:
-            # Every member found, also one the last re-scan turned up, gets its SIGKILL.
-            new = {p: ct for p, ct in left.items() if p not in killed}
-            _signal(sorted(new), signal.SIGKILL, new)
-            killed |= set(new)
-            if clock() >= deadline:
-                break
-            sleep(poll_s)
-            left = remaining() or remaining(force_scan=True)
-        report.sigkill_sent = sorted(killed)
-    report.members = sorted(members)
-    if not left:
-        report.exit_s = clock() - start
-        reap(launch, members)
-        return report
-    for pid in sorted(left):
-        try:
-            p = psutil.Process(pid)
-            report.survivors.append(Survivor(pid, p.status(), " ".join(p.cmdline())))
-        except psutil.Error:
-            continue
-    if not report.survivors:
-        report.exit_s = clock() - start
-    return report

@@ -15,6 +15,8 @@ from supervisor.router import build_link
 from supervisor.schema import load_bundled
 from supervisor.sglang_parser import load_schema
 from supervisor.store import Store
+from supervisor.teardown import TeardownReport
+from supervisor.teardown import teardown as stop_tree
 from supervisor.units import GiB
 
 
@@ -39,9 +41,9 @@ class OsProcessOps:
         kill_timeout_s: float,
         exclude_tag: str | None = None,
         cut_grace: Callable[[], bool] | None = None,
-    ) -> process.TeardownReport:
+    ) -> TeardownReport:
         launch = handle if isinstance(handle, process.Launch) else None
-        return process.teardown(
+        return stop_tree(
             launch,
             tag=tag,
             tag_prefix=tag_prefix,
@@ -127,14 +129,14 @@ def build_supervisor(settings: Settings) -> Supervisor:
     )
 
 
-def cleanup(settings: Settings) -> process.TeardownReport:
+def cleanup(settings: Settings) -> TeardownReport:
     """Stop every process carrying this instance's launch tag (``ExecStopPost=``).
 
     For the ``KillMode=process`` drop-in: when the service stops, whatever server the
     daemon left behind goes too — SIGTERM, then SIGKILL after ``stop_grace_s``.
     """
     t = settings.timeouts
-    return process.teardown(
+    return stop_tree(
         None,
         tag_prefix=f"{instance_name(settings)}.",
         grace_s=t.stop_grace_s,

@@ -23,9 +23,9 @@ from supervisor.gpu import GpuSample, cuda_visible_devices, wait_released
 from supervisor.levers import LeverSet, render_argv
 from supervisor.operations import FAILED, SUCCEEDED, Operation, wall_iso
 from supervisor.phases import PhaseName
-from supervisor.process import TeardownReport
 from supervisor.serverenv import server_environ
 from supervisor.states import ServerState
+from supervisor.teardown import TeardownReport
 from supervisor.telemetry import tail_lines
 from supervisor.units import GiB, MiB
 
@@ -282,9 +282,10 @@ def members_now(sup: Supervisor) -> set[int]:
 
 
 async def teardown(sup: Supervisor, handle: ServerHandle | None) -> TeardownReport:
-    """SIGTERM the group and every member, SIGKILL after ``stop_grace_s`` (at once when
-    the shutdown is forced, also in the middle of the grace period). Runs to its end in a
-    worker thread."""
+    """The staged stop (``supervisor.teardown``): SIGTERM to the launcher alone and up to
+    ``stop_grace_s`` for it to drain and exit (no wait when the shutdown is forced, also
+    once it is forced in the middle of that wait), then SIGTERM to every member left,
+    SIGKILL to the survivors. Runs to its end in a worker thread."""
     t = sup.settings.timeouts
     return await asyncio.to_thread(
         sup.procs.teardown,
@@ -324,9 +325,10 @@ async def stop_and_release(
 ) -> bool:
     """stopping -> releasing -> ``then`` (or failed). Returns whether GPUs are released.
 
-    SIGTERM to the process group and every member, SIGKILL after ``stop_grace_s``,
-    then wait until every managed GPU shows no member and baseline memory. Never
-    interrupted: a cancel or shutdown request waits for it to end.
+    The staged stop (``teardown``: the launcher drains within ``stop_grace_s``, then
+    SIGTERM to the members left, then SIGKILL), then wait until every managed GPU shows
+    no member and baseline memory. Never interrupted: a cancel or shutdown request waits
+    for it to end.
     """
     if sup.state not in (S.STOPPING, S.RELEASING):
         sup.transition(S.STOPPING, reason)

@@ -4,7 +4,7 @@ The tree: the simulated server with ``--tp-size 8`` (launcher + 8 ranks + detoke
 10 processes, each rank holding 0.85 × 140 GiB of a simulated H200), start-up 0 s.
 Methods, alternated within every repetition (the order rotates):
 
-* ``supervisor``: ``supervisor.process.teardown`` (SIGTERM to the group and every member,
+* ``supervisor``: ``supervisor.teardown.teardown`` (SIGTERM to the group and every member,
   SIGKILL after ``stop_grace_s``) then ``supervisor.gpu.wait_released`` on ``SimGpuProbe``,
   both with the daemon's defaults (``TimeoutSettings``: grace, ``release_samples``
   consecutive clean samples ``release_interval_s`` apart, ``release_tolerance_mib``) —
@@ -27,7 +27,7 @@ import signal
 import time
 from typing import Any
 
-from supervisor import process
+from supervisor import process, teardown
 from supervisor.gpu import wait_released
 from tests.benchmarks.common import (
     PRODUCTION,
@@ -74,7 +74,7 @@ def _supervisor(
         wait_http_ok(f"http://127.0.0.1:{port}/health_generate", 60)
         held = host.used_bytes()
         t0 = time.monotonic()
-        report = process.teardown(launch, tag=tag, grace_s=grace_s, kill_timeout_s=30)
+        report = teardown.teardown(launch, tag=tag, grace_s=grace_s, kill_timeout_s=30)
         t_exit = time.monotonic()
         verdict = wait_released(
             host.probe,
@@ -89,7 +89,7 @@ def _supervisor(
         t1 = time.monotonic()
     finally:
         if process.find_members(launch, tag=tag):
-            process.teardown(launch, tag=tag, grace_s=0, kill_timeout_s=10)
+            teardown.teardown(launch, tag=tag, grace_s=0, kill_timeout_s=10)
     assert verdict.released, verdict.describe()
     return {
         "total_s": t1 - t0,

@@ -10,7 +10,7 @@ The stand-in (``tests/benchmarks/h200_standin.py``): an HTTP launcher and 4 torc
 children holding 30 GiB each on one GPU; rank 0 ignores SIGTERM and pins host memory
 (8 GiB and 48 GiB: two cases). Per case, alternating, the same tree is stopped
 
-* by the supervisor: ``supervisor.process.teardown`` (SIGTERM to the group and every member,
+* by the supervisor: ``supervisor.teardown.teardown`` (SIGTERM to the group and every member,
   SIGKILL after ``--grace-s``) then ``supervisor.gpu.wait_released`` on ``NvmlProbe``
   with the daemon's defaults (``TimeoutSettings``: release_samples consecutive clean
   samples release_interval_s apart, release_tolerance_mib);
@@ -47,7 +47,7 @@ from typing import Any
 
 import psutil
 
-from supervisor import process
+from supervisor import process, teardown
 from supervisor.gpu import GpuInfo, GpuProbe, GpuQueryError, wait_released
 
 GIB = 2**30
@@ -292,7 +292,7 @@ class Bench:
             left = process.find_members(launch, tag=tag)
             if left:
                 rec["cleanup_killed"] = sorted(left)
-                process.teardown(launch, tag=tag, grace_s=0, kill_timeout_s=60)
+                teardown.teardown(launch, tag=tag, grace_s=0, kill_timeout_s=60)
             if popen is not None:
                 with contextlib.suppress(OSError):
                     os.killpg(popen.pid, signal.SIGKILL)
@@ -318,7 +318,7 @@ class Bench:
             return now
 
         with Monitor(self.probe, self.gpu.index, pids, 0.005) as mon:
-            report = process.teardown(
+            report = teardown.teardown(
                 launch, tag=tag, grace_s=self.args.grace_s, kill_timeout_s=120, clock=clock
             )
             t_down = time.monotonic()

@@ -1,7 +1,7 @@
 """Real-GPU proof: the supervisor's own teardown frees the GPU, and NVML says so.
 
 The stand-in (``standin.py``) is spawned with ``supervisor.process.spawn``, stopped with
-``supervisor.process.teardown`` and verified with ``supervisor.gpu.wait_released`` over an
+``supervisor.teardown.teardown`` and verified with ``supervisor.gpu.wait_released`` over an
 ``NvmlProbe``. A background thread samples NVML every few milliseconds, so each case
 reports its phases: SIGTERM -> SIGKILL (grace), SIGTERM -> every member gone (exit),
 SIGTERM -> NVML shows the memory free, and the release verdict.
@@ -181,7 +181,7 @@ def _record(result: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_teardown_releases_gpu(case: Case, probe: NvmlProbe, gpu: GpuInfo, tmp_path: Path) -> None:
-    from supervisor import process
+    from supervisor import process, teardown
 
     baseline = probe.sample([gpu.index])[0].memory_used_bytes
     tag = register_tag(
@@ -223,7 +223,7 @@ def test_teardown_releases_gpu(case: Case, probe: NvmlProbe, gpu: GpuInfo, tmp_p
 
         alive = sorted(process.find_members(launch, tag=tag))
         with Monitor(probe, gpu.index, alive) as mon:
-            report = process.teardown(
+            report = teardown.teardown(
                 launch, tag=tag, grace_s=GRACE_S, kill_timeout_s=30.0, clock=clock
             )
             t_down = time.monotonic()
@@ -242,7 +242,7 @@ def test_teardown_releases_gpu(case: Case, probe: NvmlProbe, gpu: GpuInfo, tmp_p
         gone_at = mon.all_gone_at()
     finally:
         if process.find_members(launch, tag=tag):  # a failed assertion must not leave
-            process.teardown(launch, tag=tag, grace_s=0.5, kill_timeout_s=10.0)  # GPU memory
+            teardown.teardown(launch, tag=tag, grace_s=0.5, kill_timeout_s=10.0)  # GPU memory
 
     left = process.find_members(None, tag=tag)
     result = {

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor import process
+from supervisor import process, teardown
 from supervisor.process import Launch
 from tests.helpers import TEST_INSTANCE_PREFIX, register_tag, wait_until
 
@@ -51,8 +51,8 @@ class Tree:
     def alive(self) -> list[int]:
         return [p for p in self.pids() if _alive(p)]
 
-    def teardown(self, grace_s: float = 1.0) -> process.TeardownReport:
-        return process.teardown(self.launch, tag=self.tag, grace_s=grace_s, kill_timeout_s=10)
+    def teardown(self, grace_s: float = 1.0) -> teardown.TeardownReport:
+        return teardown.teardown(self.launch, tag=self.tag, grace_s=grace_s, kill_timeout_s=10)
 
 
 @pytest.fixture
@@ -135,8 +135,9 @@ def test_children_that_setsid_are_found_by_tag(tmp_path: Path, trees: list[Tree]
 
 
 def test_members_outside_the_group_get_their_own_sigterm(tmp_path: Path, trees: list[Tree]) -> None:
-    """Ranks that left the group (setsid) exit on SIGTERM like the rest: the signal goes
-    to every member, not only to the group. SIGKILL is never needed."""
+    """Ranks that left the group (setsid) exit on SIGTERM like the rest: once the launcher
+    has exited (stage 1-2), the members still alive get a SIGTERM each (stage 3), not
+    only the group. SIGKILL is never needed."""
     t = Tree(tmp_path, "--children", "2", "--grandchildren", "--setsid", expect=5)
     trees.append(t)
     leader = t.launch.pid
@@ -144,6 +145,71 @@ def test_members_outside_the_group_get_their_own_sigterm(tmp_path: Path, trees: 
     report = t.teardown(grace_s=10.0)
     assert report.clean and t.alive() == []
     assert report.sigkill_sent == [] and report.kill_after_s is None, report.describe()
+    assert report.ended_by == "sigterm"
+    assert set(report.members_sigterm) == set(t.pids()) - {leader}
+
+
+def test_the_launcher_drains_with_its_workers_alive(tmp_path: Path, trees: list[Tree]) -> None:
+    """SGLang 0.5.23's launcher drains on SIGTERM while its workers, which have no SIGTERM
+    handler of their own, keep generating (scheduler.py:6257-6300, detokenizer_manager.py
+    :545-569: no handler installed; tokenizer_manager.py:3508-3548: the drain, then
+    kill_process_tree, utils/common.py:2507). So the first SIGTERM goes to the launcher
+    alone: here it serves on 0.5 s and exits 0 only if every worker was still alive then
+    (a worker killed meanwhile cuts the requests: exit 1). No member needs a signal of its
+    own."""
+    t = Tree(tmp_path, "--children", "2", "--drain-s", "0.5", expect=3)
+    trees.append(t)
+    report = t.teardown(grace_s=10.0)
+    assert t.launch.returncode == 0, f"a worker died during the drain: {report.describe()}"
+    assert report.clean and t.alive() == []
+    assert report.sigterm_sent == [t.launch.pid]
+    assert report.members_sigterm == [] and report.sigkill_sent == []
+    assert report.ended_by == "launcher"
+    assert report.launcher_exit_s is not None and report.launcher_exit_s >= 0.5
+    assert f"launcher (pid {t.launch.pid}) drained and exited in" in report.describe()
+
+
+def test_a_launcher_past_its_grace_is_stopped_with_its_workers(
+    tmp_path: Path, trees: list[Tree]
+) -> None:
+    """A drain longer than the grace: the launcher and its workers get SIGTERM when the
+    grace is over (the workers die of it, the draining launcher does not) and the
+    launcher SIGKILL after the short member wait."""
+    t = Tree(tmp_path, "--children", "2", "--drain-s", "60", expect=3)
+    trees.append(t)
+    report = t.teardown(grace_s=0.3)
+    assert report.clean and t.alive() == []
+    assert report.launcher_exit_s is None and report.ended_by == "sigkill"
+    assert set(report.members_sigterm) == set(t.pids())
+    assert report.sigkill_sent == [t.launch.pid]
+    assert report.kill_after_s is not None and report.kill_after_s >= 0.3
+    assert t.launch.returncode == -signal.SIGKILL
+    assert "still running after the 0.3s grace" in report.describe()
+
+
+def test_a_forced_stop_does_not_wait_for_the_drain(tmp_path: Path, trees: list[Tree]) -> None:
+    t = Tree(tmp_path, "--children", "1", "--drain-s", "60", expect=2)
+    trees.append(t)
+    report = t.teardown(grace_s=0.0)
+    assert report.clean and t.alive() == []
+    assert report.sigkill_sent == [t.launch.pid]
+    assert "forced stop" in report.describe()
+
+
+def test_a_detached_rank_ignoring_sigterm_is_sigkilled(tmp_path: Path, trees: list[Tree]) -> None:
+    """The launcher exits on its SIGTERM at once; its children left its session and
+    ignore SIGTERM: they get theirs at the members' stage, then SIGKILL within the grace."""
+    t = Tree(tmp_path, "--children", "2", "--setsid", "--children-ignore-term", expect=3)
+    trees.append(t)
+    leader = t.launch.pid
+    ranks = [p for p in t.pids() if p != leader]
+    assert all(os.getsid(p) != leader for p in ranks)
+    report = t.teardown(grace_s=1.0)
+    assert report.clean and t.alive() == []
+    assert report.launcher_exit_s is not None
+    assert sorted(report.members_sigterm) == sorted(ranks)
+    assert sorted(report.sigkill_sent) == sorted(ranks)
+    assert report.ended_by == "sigkill"
 
 
 def test_an_untagged_member_of_the_group_is_found(tmp_path: Path, trees: list[Tree]) -> None:
@@ -168,7 +234,7 @@ def test_orphans_of_a_killed_leader_are_found_by_tag(tmp_path: Path, trees: list
     wait_until(t.launch.poll, 10, what="the leader to exit")
     orphans = [p for p in t.alive() if p != t.launch.pid]
     assert len(orphans) == 3, "killing the leader alone must leave its children running"
-    report = process.teardown(None, tag=t.tag, grace_s=1, kill_timeout_s=10)
+    report = teardown.teardown(None, tag=t.tag, grace_s=1, kill_timeout_s=10)
     assert set(orphans) <= set(report.members)
     assert t.alive() == []
 

@@ -28,11 +28,12 @@ from supervisor.config import ServerSettings, Settings, TimeoutSettings
 from supervisor.engine import Supervisor
 from supervisor.gpu import GpuInfo, GpuProcess, GpuQueryError, GpuSample
 from supervisor.health import Probe
-from supervisor.process import Survivor, TeardownReport, describe_exit
+from supervisor.process import describe_exit
 from supervisor.schema import load_bundled
 from supervisor.sglang_parser import load_schema
 from supervisor.states import ServerState
 from supervisor.store import Store
+from supervisor.teardown import Survivor, TeardownReport
 
 MIB = 2**20
 GIB = 2**30
