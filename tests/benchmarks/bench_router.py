@@ -2,7 +2,7 @@
 under a streaming load, with the router integration on, against the same without it.
 
     python -m tests.benchmarks.bench_router [--duration 60] [--concurrency 16]
-        [--replicas 3] [--only integration|control] [--no-save]
+        [--replicas 3] [--only integration|control|single] [--no-save]
 
 The real ``sglang-router`` (``scripts/router-env.sh``) fronts ``replicas`` daemons
 (``serve --simulate``, each its own state dir and simulated GPUs; the simulated servers
@@ -15,7 +15,10 @@ one at a time; the load goes on until ``duration`` and at least 10 s past the ro
 * integration: every daemon has ``[router] url``: it registers its server itself, and
   takes it out of the router and drains it before each stop;
 * control: the same router and rollout, daemons without ``[router]`` (the harness adds
-  the servers to the router once): plain applies behind the router.
+  the servers to the router once): plain applies behind the router;
+* single: one daemon without ``[router]`` and no router at all, the clients streaming
+  straight to its server: a plain apply (the rollout of one daemon), what a single server
+  does to its clients during a change.
 
 Requests are counted by when they started: before the rollout, during it, after it.
 Loopback only; every process is stopped at the end. Results: printed, and written to
@@ -76,6 +79,8 @@ class Scenario:
     server_env: dict[str, str] = field(default_factory=dict)
     timeouts: dict[str, Any] = field(default_factory=dict)
     startup_s: float = 2.0
+    #: False: no router; the clients stream straight to the one server.
+    router: bool = True
 
 
 @dataclass
@@ -129,8 +134,8 @@ def _wait_listed(router: Router, n: int, timeout_s: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-async def _drive(s: Scenario, router: Router, daemons: list[Daemon]) -> ScenarioResult:
-    load = Load(router.url, s.load)
+async def _drive(s: Scenario, url: str, daemons: list[Daemon]) -> ScenarioResult:
+    load = Load(url, s.load)
     runner = asyncio.create_task(load.run())
     await asyncio.sleep(s.warmup_s)
     t_roll = time.monotonic()
@@ -158,13 +163,15 @@ async def _drive(s: Scenario, router: Router, daemons: list[Daemon]) -> Scenario
 
 def run_scenario(s: Scenario, tmp: Path) -> ScenarioResult:
     """One scenario from a clean start to a clean stop."""
-    router = Router(tmp / "router.log")
+    router = Router(tmp / "router.log") if s.router else None
     daemons: list[Daemon] = []
     try:
         for k in range(s.replicas):
-            d = _daemon(tmp, k, router.url if s.integration else None, s)
+            d = _daemon(tmp, k, router.url if router and s.integration else None, s)
             daemons.append(d)
             d.start(wait_ready=True)
+        if router is None:
+            return asyncio.run(_drive(s, f"http://127.0.0.1:{daemons[0].server_port}", daemons))
         if not s.integration:
             for d in daemons:
                 r = httpx.post(
@@ -174,13 +181,14 @@ def run_scenario(s: Scenario, tmp: Path) -> ScenarioResult:
                 )
                 r.raise_for_status()
         _wait_listed(router, s.replicas)
-        return asyncio.run(_drive(s, router, daemons))
+        return asyncio.run(_drive(s, router.url, daemons))
     finally:
         for d in daemons:
             with contextlib.suppress(Exception):
                 d.stop(timeout=120)
             d.client.close()
-        router.stop()
+        if router is not None:
+            router.stop()
 
 
 def _fmt(x: float | None) -> str:
@@ -211,12 +219,21 @@ def render(results: list[ScenarioResult]) -> str:
     return "\n".join(lines)
 
 
+def _merge_saved(path: Path, results: list[ScenarioResult]) -> list[dict[str, Any]]:
+    """The saved scenarios with these results in place of their namesakes (``--only``
+    re-runs one scenario and keeps the others' last figures)."""
+    saved: list[dict[str, Any]] = json.loads(path.read_text()) if path.exists() else []
+    fresh = {r.name: asdict(r) for r in results}
+    merged = [fresh.pop(r["name"], r) for r in saved]
+    return merged + list(fresh.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--duration", type=float, default=60.0)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--replicas", type=int, default=3)
-    p.add_argument("--only", choices=["integration", "control"])
+    p.add_argument("--only", choices=["integration", "control", "single"])
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
     load = LoadSpec(concurrency=args.concurrency, min_tokens=40, max_tokens=100)
@@ -225,25 +242,29 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("integration", "control")
         if args.only in (None, name)
     ]
+    if args.only in (None, "single"):
+        scenarios.append(Scenario("single", False, 1, args.duration, load=load, router=False))
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-router-") as tmp:
         for s in scenarios:
             sub = Path(tmp) / s.name
             sub.mkdir()
-            print(f"== {s.name}: {s.replicas} replicas, {args.concurrency} streams", flush=True)
+            via = "through the router" if s.router else "straight to the server, no router"
+            print(
+                f"== {s.name}: {s.replicas} replicas, {args.concurrency} streams {via}",
+                flush=True,
+            )
             results.append(run_scenario(s, sub))
             print(results[-1].rollout_output, flush=True)
             for label in ("before", "during", "after"):
                 for e in getattr(results[-1], label)["errors"]:
                     print(f"  {label}: {e}", flush=True)
-    table = render(results)
-    print(table)
+    print(render(results))
     if not args.no_save:
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "router.json").write_text(
-            json.dumps([asdict(r) for r in results], indent=2) + "\n"
-        )
-        (RESULTS / "router.md").write_text(table + "\n")
+        saved = _merge_saved(RESULTS / "router.json", results)
+        (RESULTS / "router.json").write_text(json.dumps(saved, indent=2) + "\n")
+        (RESULTS / "router.md").write_text(render([ScenarioResult(**r) for r in saved]) + "\n")
     return 0
 
 

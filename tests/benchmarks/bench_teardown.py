@@ -4,20 +4,26 @@ The tree: the simulated server with ``--tp-size 8`` (launcher + 8 ranks + detoke
 10 processes, each rank holding 0.85 × 140 GiB of a simulated H200), start-up 0 s.
 Methods, alternated within every repetition (the order rotates):
 
-* ``supervisor``: ``supervisor.teardown.teardown`` (SIGTERM to the group and every member,
-  SIGKILL after ``stop_grace_s``) then ``supervisor.gpu.wait_released`` on ``SimGpuProbe``,
+* ``supervisor``: ``supervisor.teardown.teardown`` (the staged stop: SIGTERM to the
+  launcher alone, up to ``stop_grace_s`` for it to drain and exit, then SIGTERM to the
+  members left, then SIGKILL) then ``supervisor.gpu.wait_released`` on ``SimGpuProbe``,
   both with the daemon's defaults (``TimeoutSettings``: grace, ``release_samples``
   consecutive clean samples ``release_interval_s`` apart, ``release_tolerance_mib``) —
   what a stop costs in the daemon, minus HTTP and bookkeeping;
-* ``supervisor, grace 0, 1 sample``: the same with ``grace_s=0`` (SIGKILL right after the
-  SIGTERM) and ``consecutive=1``: the mechanism alone, without the server's graceful exit
-  and the repeated verification samples;
+* ``supervisor, grace 0, 1 sample``: the same with ``grace_s=0`` (a forced stop: SIGKILL
+  right after the SIGTERMs) and ``consecutive=1``: the mechanism alone, without the
+  server's graceful exit and the repeated verification samples;
 * ``daemon POST /stop?wait=true``: a real daemon (production timeouts), client wall time;
 * ``bare SIGKILL``: ``killpg(SIGKILL)`` of the launcher's group, then poll every 1 ms
   until every process of the tree (snapshotted before the signal) has truly exited.
   For the simulated GPUs that is exactly when the memory is free: the physical limit.
-* ``bare SIGTERM``: the same with SIGTERM: the simulated server's own graceful exit, which
-  the supervisor's default path (SIGTERM first, by design) cannot be faster than.
+* ``bare SIGTERM``: the same with SIGTERM to the group (the supervisor's stop before the
+  staged order): the ranks die of it at once, like SGLang's schedulers, and the launcher
+  follows; on real SGLang that cuts every request in flight.
+* ``bare SIGTERM to the launcher``: ``kill(launcher, SIGTERM)`` alone, then the same wait:
+  the simulated server's own graceful exit (SGLang's: it looks at its requests every 5 s,
+  ``SGLANG_SIM_DRAIN_CHECK_S``, here SGLang's 5 s), which the supervisor's staged stop
+  cannot be faster than.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ SUP0 = "supervisor, grace 0, 1 sample"
 DAEMON = "daemon POST /stop?wait=true"
 BARE = "bare SIGKILL + wait gone"
 BARE_TERM = "bare SIGTERM + wait gone"
+BARE_LAUNCHER = "bare SIGTERM to the launcher + wait gone"
 
 
 def _supervisor(
@@ -104,14 +111,19 @@ def _supervisor(
     }
 
 
-def _bare(ctx: Context, host: SimHost, sig: signal.Signals) -> dict[str, Any]:
+def _bare(
+    ctx: Context, host: SimHost, sig: signal.Signals, *, launcher_only: bool = False
+) -> dict[str, Any]:
     port = free_port()
     tag = ctx.new_tag("bare")
     with bare_server(host, port, log=ctx.work / f"{tag}.log", tp=TP, tag=tag) as popen:
         wait_http_ok(f"http://127.0.0.1:{port}/health_generate", 60)
         pids = tree_pids(popen.pid)
         t0 = time.monotonic()
-        os.killpg(popen.pid, sig)
+        if launcher_only:
+            os.kill(popen.pid, sig)
+        else:
+            os.killpg(popen.pid, sig)
         t1 = wait_gone(pids, 30.0, 0.001)
         reap(pids)
         assert t1 is not None, "the bare tree did not exit within 30 s"
@@ -150,7 +162,7 @@ def run(ctx: Context) -> Result:
     reps = ctx.reps(7, 5)
     host = SimHost(ctx.subdir("teardown") / "sim-gpus", gpus=TP)
     d = new_daemon(ctx, "teardown-daemon", gpus=TP)
-    methods = [SUP, SUP0, DAEMON, BARE_TERM, BARE]
+    methods = [SUP, SUP0, DAEMON, BARE_LAUNCHER, BARE_TERM, BARE]
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     with running(d):
         for i in range(reps):
@@ -165,6 +177,8 @@ def run(ctx: Context) -> Result:
                     runs[m].append(_daemon_stop(d))
                 elif m == BARE_TERM:
                     runs[m].append(_bare(ctx, host, signal.SIGTERM))
+                elif m == BARE_LAUNCHER:
+                    runs[m].append(_bare(ctx, host, signal.SIGTERM, launcher_only=True))
                 else:
                     runs[m].append(_bare(ctx, host, signal.SIGKILL))
 
@@ -183,6 +197,7 @@ def run(ctx: Context) -> Result:
                 ms(_median(rs, "release_s")),
                 ratio(med[m], med[BARE]),
                 ratio(med[m], med[BARE_TERM]),
+                ratio(med[m], med[BARE_LAUNCHER]),
                 str(max(r["left_bytes"] for r in rs)),
             ]
         )
@@ -198,34 +213,38 @@ def run(ctx: Context) -> Result:
             "release verification",
             "ratio to bare SIGKILL",
             "ratio to bare SIGTERM",
+            "ratio to bare SIGTERM to the launcher",
             "sim bytes left",
         ],
         rows,
         note="signal → members gone: teardown's return (supervisor) or the stop phase (daemon); "
         "release verification: wait_released's time, or the daemon's release phase.",
     )
-    sup, sup0, dmn, bare, term = (med[m] or 0.0 for m in (SUP, SUP0, DAEMON, BARE, BARE_TERM))
+    sup, sup0, dmn, bare, term, launcher = (
+        med[m] or 0.0 for m in (SUP, SUP0, DAEMON, BARE, BARE_TERM, BARE_LAUNCHER)
+    )
     sup_gone = _median(runs[SUP], "exit_s") or 0.0
     sup_rel = _median(runs[SUP], "release_s") or 0.0
     met = sup / bare <= 1.1
     findings = [
-        f"Through the supervisor (SIGTERM first, {SAMPLES} verification samples) a stop costs "
-        f"{sup * 1000:.0f} ms median against {bare * 1000:.0f} ms for a bare SIGKILL of the group "
-        f"(ratio {sup / bare:.1f}; goal 1.1: {'met' if met else 'missed'}) and "
-        f"{term * 1000:.0f} ms for a bare SIGTERM (ratio {sup / term:.1f}); through the daemon's "
-        f"POST /stop?wait=true {dmn * 1000:.0f} ms.",
-        f"Where the {(sup - bare) * 1000:.0f} ms over the bare SIGKILL go: the members' exit after "
-        f"SIGTERM takes {sup_gone * 1000:.0f} ms (a bare SIGTERM of the same tree: "
-        f"{term * 1000:.0f} ms — the simulated launcher's own graceful exit, mostly its HTTP "
-        f"server's 0.1 s shutdown poll, supervisor/sim/server.py), then release verification "
-        f"{sup_rel * 1000:.0f} ms: release_samples={SAMPLES} consecutive clean samples "
-        f"release_interval_s={INTERVAL_S:g} apart cannot take less than "
-        f"{(SAMPLES - 1) * INTERVAL_S * 1000:.0f} ms; one sample of 8 simulated GPUs costs "
-        "~0.6 ms (an NVML sample ~20 µs).",
-        f"The mechanism alone (grace 0: SIGKILL right after the SIGTERM, one sample) costs "
-        f"{sup0 * 1000:.0f} ms vs {bare * 1000:.0f} ms bare: process.teardown makes three full "
-        "/proc scans (before the first signal, before deciding on SIGKILL, and to confirm; 2–20 ms "
-        "each on this loaded 2-CPU host) and polls every poll_s=0.02 s.",
+        f"Through the supervisor (the staged stop, {SAMPLES} verification samples) a stop "
+        f"costs {sup * 1000:.0f} ms median against {bare * 1000:.0f} ms for a bare SIGKILL of "
+        f"the group (ratio {sup / bare:.1f}; goal 1.1: {'met' if met else 'missed'}), "
+        f"{launcher * 1000:.0f} ms for a bare SIGTERM to the launcher alone (ratio "
+        f"{sup / launcher:.2f}: the server's own graceful exit, the floor of the staged stop) "
+        f"and {term * 1000:.0f} ms for a bare SIGTERM to the group (ratio {sup / term:.1f}); "
+        f"through the daemon's POST /stop?wait=true {dmn * 1000:.0f} ms.",
+        f"The members' exit after the launcher's SIGTERM takes {sup_gone * 1000:.0f} ms: the "
+        "launcher notices it at its next drain check (SGLang's sigterm_watchdog looks every "
+        "5 s, tokenizer_manager.py:3508-3548; the simulated server's beats count from its "
+        "start), finds no request and ends its ranks. A SIGTERM to the group is faster only "
+        "because it kills the ranks outright, which on real SGLang cuts every request in "
+        f"flight. Release verification: {sup_rel * 1000:.0f} ms (release_samples={SAMPLES} "
+        f"consecutive clean samples release_interval_s={INTERVAL_S:g} apart).",
+        f"The mechanism alone (grace 0: SIGKILL right after the SIGTERMs, one sample) costs "
+        f"{sup0 * 1000:.0f} ms vs {bare * 1000:.0f} ms bare: teardown makes full /proc scans "
+        "(before the first signal, before the members' SIGTERM, before SIGKILL, to confirm; "
+        "2-20 ms each on this loaded 2-CPU host) and polls every poll_s=0.02 s.",
     ]
     return Result(
         NAME,
