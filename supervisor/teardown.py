@@ -84,6 +84,8 @@ class TeardownReport:
     grace_s: float = 0.0
     #: Seconds from its SIGTERM until the launcher exited by itself within the grace.
     launcher_exit_s: float | None = None
+    #: The wait for the launcher was cut short (a shutdown forced meanwhile).
+    grace_cut: bool = False
     #: Members still alive after the launcher's stage that got a SIGTERM of their own.
     members_sigterm: list[int] = field(default_factory=list)
     ended_by: Stage = "nothing"
@@ -119,6 +121,8 @@ class TeardownReport:
             )
         if self.grace_s <= 0:
             return f"forced stop: launcher (pid {self.launcher}) not given time to drain"
+        if self.grace_cut:
+            return f"forced stop: launcher (pid {self.launcher}) still draining when it came"
         return (
             f"launcher (pid {self.launcher}) still running after the {self.grace_s:g}s grace "
             "(stop_grace_s)"
@@ -201,6 +205,8 @@ def teardown(
             sleep(poll_s)
         if not launcher_alive():
             report.launcher_exit_s = clock() - start
+        elif clock() < grace_end:
+            report.grace_cut = True
         member_wait = min(member_term_s, max(0.0, grace_end - clock()))
 
     left = remaining(force_scan=True)

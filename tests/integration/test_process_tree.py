@@ -92,7 +92,7 @@ def test_a_log_that_cannot_be_written_never_stops_a_launch(tmp_path: Path) -> No
         assert not launch.poll()
         assert _alive(launch.pid)
     finally:
-        report = process.teardown(launch, tag=tag, grace_s=5, kill_timeout_s=5)
+        report = teardown.teardown(launch, tag=tag, grace_s=5, kill_timeout_s=5)
     assert report.clean and not _alive(launch.pid)
 
 
@@ -106,7 +106,7 @@ def test_a_grace_period_cut_short_sigkills_at_once(tmp_path: Path, trees: list[T
         asked.append(True)
         return len(asked) > 3  # a few polls into the grace period
 
-    report = process.teardown(t.launch, tag=t.tag, grace_s=60.0, kill_timeout_s=10, cut_grace=cut)
+    report = teardown.teardown(t.launch, tag=t.tag, grace_s=60.0, kill_timeout_s=10, cut_grace=cut)
     assert report.clean
     assert sorted(report.sigkill_sent) == sorted(t.pids())
     assert report.kill_after_s is not None and report.kill_after_s < 60.0
