@@ -26,6 +26,7 @@ from supervisor.backend import Backend
 from supervisor.engine import SupervisorView
 from supervisor.engine.checks import gpu_facts
 from supervisor.engine.server import flags, server_env
+from supervisor.layout import Layout
 from supervisor.levers import LeverSet
 from supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
 from supervisor.planner.proposal import Resolver, Validator
@@ -205,6 +206,8 @@ def _live(view: SupervisorView) -> LiveLoad | None:
         gen_tokens_per_s=t.gen_tokens_per_s,
         cache_hit_rate=t.cache_hit_rate,
         max_total_num_tokens=None if view.server is None else view.server.max_total_num_tokens,
+        used_tokens=t.used_tokens,
+        kv_pools=Layout.of(view.levers.levers).kv_pools,
     )
 
 
@@ -215,7 +218,8 @@ def _avg_tokens(
         return body.avg_tokens, "given"
     measured = live.avg_tokens() if live is not None else None
     if measured is not None:
-        return measured, "live: token usage × max_total_num_tokens / running requests"
+        how = "KV tokens in use" if live and live.used_tokens else "token usage × pool size"
+        return measured, f"live: {how} / running requests"
     if backend.plan_avg_tokens is not None:
         implied = backend.plan_avg_tokens({**view.backend_env, **view.levers.env})
         if implied is not None:

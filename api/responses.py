@@ -135,6 +135,7 @@ class ThroughputModel(_Open):
     queued_requests: float | None = None
     token_usage: float | None = None
     cache_hit_rate: float | None = None
+    used_tokens: float | None = Field(None, description="KV tokens in use over all DP workers")
     generation_tokens_total: float | None = None
     prompt_tokens_total: float | None = None
     source: str | None = Field(None, description="metrics, log, or null")

@@ -21,6 +21,7 @@ _GAUGES = {
     "sglang:num_queue_reqs": "queued_requests",
     "sglang:token_usage": "token_usage",
     "sglang:cache_hit_rate": "cache_hit_rate",
+    "sglang:num_used_tokens": "used_tokens",
 }
 _COUNTERS = {
     "sglang:generation_tokens": "generation_tokens_total",
@@ -35,6 +36,8 @@ class Throughput:
     queued_requests: float | None = None
     token_usage: float | None = None
     cache_hit_rate: float | None = None
+    #: KV tokens in use, summed over the DP workers' pools.
+    used_tokens: float | None = None
     generation_tokens_total: float | None = None
     prompt_tokens_total: float | None = None
     #: "metrics", "log" or None (nothing read yet).

@@ -185,12 +185,25 @@ class LiveLoad:
     gen_tokens_per_s: float | None = None
     cache_hit_rate: float | None = None
     max_total_num_tokens: int | None = None
+    #: KV tokens in use over every DP worker's pool (SGLang's ``num_used_tokens``, summed).
+    used_tokens: float | None = None
+    #: KV pools (DP workers), each of ``max_total_num_tokens``: the fallback without
+    #: ``used_tokens`` scales the fullest pool's usage by them.
+    kv_pools: int = 1
 
     def avg_tokens(self) -> int | None:
-        """KV tokens per running request: ``token_usage × max_total_num_tokens / running``."""
-        if not self.running_requests or self.token_usage is None or not self.max_total_num_tokens:
+        """KV tokens per running request: the used tokens over the running requests (both
+        summed over the DP workers), else ``token_usage × max_total_num_tokens × pools /
+        running``."""
+        if not self.running_requests:
             return None
-        value = round(self.token_usage * self.max_total_num_tokens / self.running_requests)
+        if self.used_tokens:
+            value = round(self.used_tokens / self.running_requests)
+            return value if value > 0 else None
+        if self.token_usage is None or not self.max_total_num_tokens:
+            return None
+        pools = max(1, self.kv_pools)
+        value = round(self.token_usage * self.max_total_num_tokens * pools / self.running_requests)
         return value if value > 0 else None
 
     def diagnosis(self) -> str:

@@ -194,3 +194,35 @@ def test_a_prefill_over_the_activation_limit_stops_admission() -> None:
     e2 = Engine(100_000, 8, prefill_batch_tokens=8192, prefill_limit_tokens=8192)
     huge = e2.submit("huge", 30_000, 1)
     assert huge is not None and huge.admitted and e2.prefill_oom is None
+
+
+def test_live_average_over_dp_workers_reads_every_pool() -> None:
+    # What the planner measures from a server with 4 DP workers' series (the supervisor's
+    # telemetry sums running requests and keeps the fullest pool's usage).
+    from supervisor.planner import LiveLoad
+    from supervisor.sim import metrics
+    from supervisor.telemetry import parse_metrics
+
+    load = LoadSpec(rate=100, avg_tokens=20000, out_tokens=5000)
+    e = Engine(100_000, 3, workers=4, load=load)
+    run(e, 5)
+    t = parse_metrics(metrics.render(metrics.registry_for(e, "m", ranks=8)).decode())
+    s = e.stats()
+    assert t.running_requests == s.running == 12 and t.queued_requests == s.queued
+    assert t.used_tokens == s.tokens
+    live = LiveLoad(
+        running_requests=t.running_requests,
+        token_usage=t.token_usage,
+        max_total_num_tokens=e.max_total_num_tokens,
+        used_tokens=t.used_tokens,
+        kv_pools=4,
+    )
+    assert live.avg_tokens() == round(s.tokens / 12)
+    # Without the used tokens: the fullest pool's usage × the 4 pools, within a third.
+    rough = LiveLoad(
+        running_requests=12,
+        token_usage=t.token_usage,
+        max_total_num_tokens=e.max_total_num_tokens,
+        kv_pools=4,
+    ).avg_tokens()
+    assert rough is not None and abs(rough - s.tokens / 12) < s.tokens / 12 / 3
