@@ -216,9 +216,11 @@ def test_crash_after_ready_restarts_then_crash_loop_fails(daemon_factory: type[D
 
 
 def test_server_unhealthy_within_probation_is_rolled_back(daemon_factory: type[Daemon]) -> None:
-    d = daemon_factory().start()  # probation_s 0.5
+    # Unhealthy 1 s after ready, well inside a 3 s probation: the first probes (50 ms apart)
+    # see it ready even on a loaded machine, later ones unhealthy.
+    d = daemon_factory(timeouts={"probation_s": 3.0}).start()
     before = d.status()["server"]["pid"]
-    op = _op(d.apply(env={"SGLANG_SIM_FAULTS": "unhealthy_after=0.1"}))
+    op = _op(d.apply(env={"SGLANG_SIM_FAULTS": "unhealthy_after=1.0"}))
     assert op["state"] == "rolled_back"
     assert "unhealthy within the probation window" in op["rollback_reason"]
     s = d.status()
