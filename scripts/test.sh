@@ -33,4 +33,6 @@ fi
 echo "== pytest"
 export SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON="$PWD/.venv-sglang/bin/python"
 export SGLANG_SUPERVISOR_TEST_ROUTER_PYTHON="$PWD/.venv-router/bin/python"
-.venv/bin/pytest -q -p no:cacheprovider "$@"
+# Three workers (pytest-xdist; PYTEST_WORKERS to change, 0 for none): the tests mostly
+# wait on daemons and simulated servers. The slowest 15 are listed at the end.
+.venv/bin/pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-3}" --durations=15 "$@"
