@@ -84,6 +84,13 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"sglang-supervisor: {exc}", file=sys.stderr)
         return 2
+    from api.auth import AuthConfigError, check_listen, load_token
+
+    try:  # refused at once, before the server side's imports (serve checks again)
+        check_listen(settings.api.host, load_token(settings.api.token_file))
+    except AuthConfigError as exc:
+        print(f"sglang-supervisor: {exc}", file=sys.stderr)
+        return 2
     from api.logsetup import setup_logging
 
     setup_logging(args.log_level or settings.log_level, getattr(args, "log_format", "text"))
