@@ -1,7 +1,8 @@
 """Ask the installed SGLang about its launch flags; runs *inside the SGLang interpreter*.
 
-The supervisor runs this file by path with the server's interpreter, so it imports
-nothing but the standard library and SGLang.
+The supervisor runs this source with ``python -c`` in the server's interpreter and
+environment (so this file's folder is never on ``sys.path``); it imports nothing but the
+standard library and SGLang. ``scripts/gen_schema.py`` runs it by path.
 
 * ``python schema_probe.py`` builds SGLang's own parser through
   ``ServerArgs.add_cli_args`` and prints every flag as JSON: dest, option strings, type,
@@ -9,7 +10,8 @@ nothing but the standard library and SGLang.
   ``{"sglang_version": "...", "flags": [{...}, ...]}``.
 * ``python schema_probe.py --validate`` reads a JSON argv list on stdin, runs SGLang's
   ``prepare_server_args(argv)`` (argparse: names, types, choices) and then
-  ``check_server_args()`` (cross-field checks that need no GPU), and prints
+  ``check_server_args()`` on the unresolved record (the fallback when the managed GPUs'
+  facts are unknown; ``resolve_probe.py`` runs the whole resolution otherwise), and prints
   ``{"ok": bool, "stage": "parse" | "check" | null, "message": str | null}``.
 """
 

@@ -1,9 +1,10 @@
 """Asking the server's own interpreter about SGLang: its version, its flags, its verdict.
 
 Operators run whichever SGLang they installed; flags change between versions. So the
-schema is read from the configured interpreter (``schema_probe.py`` run by path, through
-SGLang's ``ServerArgs.add_cli_args``), cached per (interpreter, SGLang version), and a
-lever set is checked by SGLang's own ``prepare_server_args`` before anything is stopped.
+schema is read from the configured interpreter, in the environment the server inherits
+(``schema_probe.py`` run as ``-c`` source, through SGLang's ``ServerArgs.add_cli_args``),
+cached per (interpreter, SGLang version). SGLang's full launch-time verdict on a lever set
+is ``supervisor.resolution``; ``check_argv`` here is its parse-only fallback.
 Everything here blocks (subprocesses): call it from a worker thread.
 """
 
