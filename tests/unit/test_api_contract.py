@@ -96,7 +96,12 @@ async def state_is(rig: Rig, state: str) -> None:
 
 
 async def _every_code(tmp_path: Path) -> None:
-    async with api_client(tmp_path, token=TOKEN, max_body_bytes=4096) as (client, rig, app):
+    # Held starts end when the test lets them go, not at the fakes' 0.5 s ready timeout.
+    async with api_client(tmp_path, token=TOKEN, max_body_bytes=4096, ready_timeout_s=60.0) as (
+        client,
+        rig,
+        app,
+    ):
         await _check(client, rig, app)
 
 
