@@ -282,7 +282,14 @@ def run(argv: list[str], gpu: dict[str, Any]) -> dict[str, Any]:
             where, own = _where(exc)
             message = str(exc) or type(exc).__name__
             if isinstance(exc, (NeedsGpu, ImportError)):
-                why = "needs a GPU" if isinstance(exc, NeedsGpu) else f"needs {exc}"
+                missing = getattr(exc, "name", None)
+                why = (
+                    "needs a GPU"
+                    if isinstance(exc, NeedsGpu)
+                    else f"needs the module {missing!r} (not installed in this environment)"
+                    if missing
+                    else f"needs {exc}"
+                )
                 out["not_run"].append(
                     f"{stage} from {where or 'SGLang'} on: {why}; only start-up can check it"
                 )

@@ -166,6 +166,35 @@ def test_the_probe_runs_in_the_servers_environment_and_directory(
     assert resolve(resolver, {"model_path": LLAMA_8B}).ok
 
 
+MISSING = """
+def register():
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+
+    @register_resolution_hook("handle_ssl_validation")
+    def needs_a_kernel(server_args, previous):
+        import sgs_kernel_not_installed  # noqa: F401
+"""
+
+
+def test_what_this_host_lacks_is_not_run_never_a_refusal(
+    resolver: Resolver, tmp_path: Path
+) -> None:
+    """A module missing here (a kernel package of a GPU host) stops the resolution: the
+    verdict says what did not run and why, and does not refuse the levers."""
+    (tmp_path / "missing-0.1.dist-info").mkdir()
+    (tmp_path / "missing_plugin.py").write_text(MISSING)
+    (tmp_path / "missing-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: missing\nVersion: 0.1\n"
+    )
+    (tmp_path / "missing-0.1.dist-info" / "entry_points.txt").write_text(
+        "[sglang.srt.plugins]\nmissing = missing_plugin:register\n"
+    )
+    env = {**ENV, "PYTHONPATH": str(tmp_path)}
+    v = resolve(resolver, {"model_path": LLAMA_8B}, env=env)
+    assert v.ok and v.resolved == {}
+    assert any("needs the module 'sgs_kernel_not_installed'" in n for n in v.not_run), v
+
+
 # ---------------------------------------------------------------- through the daemon
 
 
