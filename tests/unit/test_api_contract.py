@@ -84,7 +84,9 @@ async def held_start(rig: Rig) -> None:
     rig.procs.plan(Behaviour(hold_ready=True))
 
 
-def release_start(rig: Rig) -> None:
+async def release_start(rig: Rig) -> None:
+    """Let the held launch become ready (once it has been spawned)."""
+    await until(lambda: any(h.held for h in rig.procs.handles), 10, "the held launch")
     for handle in rig.procs.handles:
         handle.held = False
 
@@ -222,7 +224,7 @@ async def _check(client: httpx.AsyncClient, rig: Rig, app: Any) -> None:
     await until(lambda: rig.sup.state == ServerState.STARTING, 10, "the slow start")
     r503 = (await call("get", "/readyz", "/readyz", headers=bare)).json()
     assert r503["ready"] is False and r503["state"] != "ready"
-    release_start(rig)
+    await release_start(rig)
     await state_is(rig, "ready")
     # GET /operations/{id} answers in the POST's envelope.
     got = (await call("get", "/operations/{op_id}", f"/operations/{op_id}")).json()
