@@ -87,6 +87,9 @@ class Operation:
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     #: Called with each phase as it starts and ends (the event stream).
     listener: Callable[[Operation, dict[str, Any]], None] | None = field(default=None, repr=False)
+    #: Called once it has finished, before anyone waiting on ``done`` wakes (the
+    #: registry counts and announces it there, so an answer never precedes its count).
+    on_end: Callable[[Operation], None] | None = field(default=None, repr=False)
     #: An operator's request to end it early, until honoured at the next phase boundary.
     cancel_requested: str | None = field(default=None, repr=False)
     #: The cancel request once it was honoured (the operation then rolls back or fails).
@@ -118,6 +121,8 @@ class Operation:
         for ph in self.phases:
             if ph.state == RUNNING:
                 ph.end(FAILED, "interrupted")
+        if self.on_end is not None:
+            self.on_end(self)
         self.done.set()
 
     def to_json(self) -> dict[str, Any]:

@@ -71,6 +71,7 @@ class OperationRegistry:
             kind=kind, levers_requested=None if requested is None else requested.to_json()
         )
         op.listener = self._publish_phase
+        op.on_end = self.ended
         self.current = op
         self.keep(op)
         self.events.publish("operation", id=op.id, op_kind=kind, state="running")

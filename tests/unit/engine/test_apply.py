@@ -26,6 +26,7 @@ from tests.unit.engine.common import (
     apply,
     nothing_held,
     phase_detail,
+    settle,
     state_of,
 )
 from tests.unit.fakes import (
@@ -303,6 +304,26 @@ def test_commit_that_cannot_persist_fails_the_operation_but_keeps_serving(
         assert status["state"] == "ready"
         assert status["levers"]["mem_fraction_static"] == 0.9
         assert any("No space left on device" in w for w in status["warnings"])
+        await rig.sup.shutdown()
+
+    run(main)
+
+
+def test_an_operation_is_counted_before_anyone_waiting_on_it_wakes(tmp_path: Path) -> None:
+    """POST /levers?wait=true answers when the operation is done; a scrape right after
+    must already count it (it did not, while the apply still cleared its journal)."""
+    rig = make_rig(tmp_path)
+
+    async def main() -> None:
+        await rig.start_ready()
+        rig.procs.plan(Behaviour(exit_on_start=1))
+        op = await rig.sup.submit_apply({"mem_fraction_static": 0.9}, {})
+        await op.done.wait()
+        view = rig.sup.view()  # no await between the wake-up and the look
+        assert op.state == ROLLED_BACK
+        assert view.operation_counts.get(("apply", "rolled_back")) == 1
+        assert view.last_operation is not None and view.last_operation["id"] == op.id
+        await settle(rig, op)
         await rig.sup.shutdown()
 
     run(main)
