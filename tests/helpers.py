@@ -188,7 +188,9 @@ class Daemon:
 
     def start(self, wait_ready: bool = True) -> Daemon:
         self.spawn()
-        wait_until(self._healthy, 30, 0.05, "the daemon's /healthz")
+        # The API answers once start-up has read the live schema: with server.python an
+        # SGLang environment that imports SGLang (10-30 s on a loaded 2-core machine).
+        wait_until(self._healthy, 120, 0.05, "the daemon's /healthz")
         if wait_ready:
             self.wait_state("ready")
         return self

@@ -40,6 +40,9 @@ class Router:
         self.log = log
         argv = [ROUTER_PYTHON, "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
         argv += ["--port", str(self.port), "--log-level", "warn", *extra]
+        # Its Prometheus exporter listens on 0.0.0.0:29000 by default: two routers at once
+        # (parallel test workers, the benchmark's configurations) would collide there.
+        argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
         if api_key:
             argv += ["--api-key", api_key]
         with open(log, "ab") as out:
