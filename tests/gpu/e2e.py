@@ -27,6 +27,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from supervisor.gpu import GpuInfo, GpuProbe, GpuQueryError, cuda_visible_devices
 
 HERE = Path(__file__).resolve().parent
@@ -145,6 +147,18 @@ class Host:
             check=True,
         )
         return [normal_uuid(u) for u in json.loads(out.stdout.strip().splitlines()[-1])]
+
+
+def alive(pids: list[int]) -> list[int]:
+    """The pids still running (a zombie holds no memory and counts as gone)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
 
 
 def normal_uuid(value: str) -> str:

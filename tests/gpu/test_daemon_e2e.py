@@ -37,6 +37,7 @@ import pytest
 
 from supervisor.gpu import GpuInfo, GpuQueryError
 from tests.gpu import e2e
+from tests.gpu.e2e import alive
 from tests.helpers import Daemon, tagged_processes, wait_until
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
@@ -122,18 +123,6 @@ class Ctx:
         assert r.status_code == 200, r.text
         op: dict[str, Any] = r.json()["operation"]
         return op
-
-
-def alive(pids: list[int]) -> list[int]:
-    """The pids still running (a zombie holds no memory and counts as gone)."""
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            continue
-    return out
 
 
 def _torch_cuda_ok() -> str | None:
