@@ -83,8 +83,13 @@ def test_crash_is_counted_as_a_restart(daemon_factory: type[Daemon]) -> None:
     d = daemon_factory().start()
     pid = d.status()["server"]["pid"]
     os.kill(pid, signal.SIGKILL)
+    # Counted when the recovery operation has ended, a moment after the ready transition.
     wait_until(
-        lambda: (s := d.status())["state"] == "ready" and s["server"]["pid"] != pid,
+        lambda: (
+            (s := d.status())["state"] == "ready"
+            and s["server"]["pid"] != pid
+            and s["operation"] is None
+        ),
         30,
         0.05,
         "the restart",
