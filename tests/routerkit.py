@@ -9,9 +9,11 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON_ENV = "SGLANG_SUPERVISOR_TEST_ROUTER_PYTHON"
@@ -23,6 +25,13 @@ def router_available() -> bool:
         # The test command built it and said where: missing now is a failure, never a skip.
         raise RuntimeError(f"{PYTHON_ENV}={ROUTER_PYTHON} does not exist")
     return Path(ROUTER_PYTHON).exists()
+
+
+def needs_router() -> pytest.MarkDecorator:
+    """A module's ``pytestmark``: skipped without the router's environment."""
+    return pytest.mark.skipif(
+        not router_available(), reason="no sglang-router: run scripts/router-env.sh"
+    )
 
 
 def free_port() -> int:
@@ -87,3 +96,13 @@ class Router:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def router(tmp_path: Path) -> Iterator[Router]:
+    """A router with no workers, stopped after the test."""
+    r = Router(tmp_path / "router.log")
+    try:
+        yield r
+    finally:
+        r.stop()

@@ -6,8 +6,6 @@ the parser environment built by scripts/sglang-parser-env.sh, an H200 supplied).
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,27 +16,12 @@ from supervisor.resolution import GpuFacts, Resolver
 from supervisor.schema import load_bundled
 from tests.helpers import Daemon
 from tests.planner_cases import CASES, H200, MODELS, Case, planner_model
+from tests.sglang_env import ENV, SGLANG_PYTHON, needs_sglang, resolver
 
-ROOT = Path(__file__).resolve().parents[2]
-SGLANG_PYTHON = os.environ.get(
-    "SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON", str(ROOT / ".venv-sglang" / "bin" / "python")
-)
-pytestmark = [
-    pytest.mark.sglang,
-    pytest.mark.skipif(
-        not Path(SGLANG_PYTHON).exists(),
-        reason=f"no SGLang environment at {SGLANG_PYTHON} (scripts/sglang-parser-env.sh)",
-    ),
-]
+pytestmark = needs_sglang()
+__all__ = ["resolver"]  # the fixture
+
 SCHEMA = load_bundled()
-ENV = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SUPERVISOR")}
-
-
-@pytest.fixture(scope="module")
-def resolver() -> Iterator[Resolver]:
-    r = Resolver()
-    yield r
-    r.close()
 
 
 @pytest.fixture(scope="module")

@@ -4,29 +4,16 @@ answer never blocks a stop. The rollout under load: no client request fails or i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.benchmarks.bench_router import Scenario, run_scenario
 from tests.benchmarks.router_load import LoadSpec
 from tests.helpers import Daemon, wait_until
-from tests.routerkit import Router, free_port, router_available
+from tests.routerkit import Router, free_port, needs_router, router
 
-pytestmark = pytest.mark.skipif(
-    not router_available(), reason="no sglang-router: run scripts/router-env.sh"
-)
-
-
-@pytest.fixture
-def router(tmp_path: Path) -> Iterator[Router]:
-    r = Router(tmp_path / "router.log")
-    try:
-        yield r
-    finally:
-        r.stop()
+pytestmark = needs_router()
+__all__ = ["router"]  # the fixture
 
 
 def worker_urls(router: Router, healthy: bool = True) -> list[str]:

@@ -4,7 +4,6 @@ errors an operator reads when the router is away or wants a key."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,22 +11,11 @@ import pytest
 from supervisor.config import RouterSettings, ServerSettings
 from supervisor.router import RouterClient, RouterError, build_link, default_worker_url
 from tests.integration.test_sim_server import Sims, sims, wait_until
-from tests.routerkit import Router, free_port, router_available
+from tests.routerkit import Router, free_port, needs_router, router
 
-__all__ = ["sims"]  # the fixture
+__all__ = ["router", "sims"]  # the fixtures
 
-pytestmark = pytest.mark.skipif(
-    not router_available(), reason="no sglang-router: run scripts/router-env.sh"
-)
-
-
-@pytest.fixture
-def router(tmp_path: Path) -> Iterator[Router]:
-    r = Router(tmp_path / "router.log")
-    try:
-        yield r
-    finally:
-        r.stop()
+pytestmark = needs_router()
 
 
 def test_add_lists_healthy_then_remove(router: Router, sims: Sims) -> None:

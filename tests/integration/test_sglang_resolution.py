@@ -10,7 +10,6 @@ changes.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,32 +28,13 @@ from tests.integration.sglang_corpus import (
     Bad,
     Good,
 )
+from tests.sglang_env import ENV, SGLANG_PYTHON, needs_sglang, resolver
 
-ROOT = Path(__file__).resolve().parents[2]
-SGLANG_PYTHON = os.environ.get(
-    "SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON", str(ROOT / ".venv-sglang" / "bin" / "python")
-)
-if "SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON" in os.environ and not Path(SGLANG_PYTHON).exists():
-    raise RuntimeError(f"SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON={SGLANG_PYTHON} does not exist")
-
-pytestmark = [
-    pytest.mark.sglang,
-    pytest.mark.skipif(
-        not Path(SGLANG_PYTHON).exists(),
-        reason=f"no SGLang environment at {SGLANG_PYTHON} (scripts/sglang-parser-env.sh)",
-    ),
-]
+pytestmark = needs_sglang()
+__all__ = ["resolver"]  # the fixture
 
 SCHEMA = load_bundled()
 H200 = GpuFacts.simulated(8, 143771)
-ENV = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SUPERVISOR")}
-
-
-@pytest.fixture(scope="module")
-def resolver() -> Iterator[Resolver]:
-    r = Resolver()
-    yield r
-    r.close()
 
 
 def argv_of(levers: dict[str, Any], *, checked: bool = True) -> list[str]:

@@ -7,7 +7,6 @@ Every refused request must leave the running server alone: same pid, still ready
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 from collections.abc import Iterator
@@ -19,23 +18,9 @@ import pytest
 from supervisor.schema import FlagSchema, load_bundled
 from supervisor.sglang_parser import read_schema
 from tests.helpers import Daemon
+from tests.sglang_env import ROOT, SGLANG_PYTHON, needs_sglang
 
-ROOT = Path(__file__).resolve().parents[2]
-SGLANG_PYTHON = os.environ.get(
-    "SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON", str(ROOT / ".venv-sglang" / "bin" / "python")
-)
-
-if "SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON" in os.environ and not Path(SGLANG_PYTHON).exists():
-    # The test command built it and said where: missing now is a failure, never a skip.
-    raise RuntimeError(f"SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON={SGLANG_PYTHON} does not exist")
-
-pytestmark = [
-    pytest.mark.sglang,
-    pytest.mark.skipif(
-        not Path(SGLANG_PYTHON).exists(),
-        reason=f"no SGLang parser environment at {SGLANG_PYTHON} (scripts/sglang-parser-env.sh)",
-    ),
-]
+pytestmark = needs_sglang()
 
 
 @pytest.fixture(scope="module")
