@@ -11,7 +11,7 @@ from api.cli.client import Client, ClientError, LogText, NotFound
 from api.cli.event_stream import open_event_stream
 from api.cli.exits import EXIT_ERROR, EXIT_OK, UsageError
 from api.cli.follow import SeqFilter
-from api.cli.output import err, out, print_json
+from api.cli.output import err, out, print_json, show
 from api.cli.render import render_levers, render_schema, render_status
 from api.cli.render_live import render_event
 from api.cli.server_log import new_lines
@@ -23,20 +23,14 @@ def cmd_status(args: argparse.Namespace, client: Client) -> int:
     those that differ from the last-good set), per-GPU memory with member and foreign
     process counts, the running operation, restarts and throughput."""
     data = client.status()
-    if args.json:
-        print_json(data)
-    else:
-        out(render_status(data))
+    show(data, render_status, as_json=args.json)
     return EXIT_OK
 
 
 def cmd_levers(args: argparse.Namespace, client: Client) -> int:
     """Show the current levers and env beside the last-good ones (differences marked)."""
     data = client.levers()
-    if args.json:
-        print_json(data)
-    else:
-        out(render_levers(data))
+    show(data, render_levers, as_json=args.json)
     return EXIT_OK
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 PROG = "sglang-supervisor"
@@ -27,3 +28,11 @@ def err_detail(line: str) -> None:
 def print_json(data: Any) -> None:
     """``data`` as indented JSON on stdout (``--json``: nothing else goes there)."""
     out(json.dumps(data, indent=2))
+
+
+def show(data: Any, render: Callable[[Any], str], *, as_json: bool) -> None:
+    """``data`` as JSON (``--json``), else as ``render`` writes it for a person."""
+    if as_json:
+        print_json(data)
+    else:
+        out(render(data))

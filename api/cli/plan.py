@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from api.cli.client import Client
 from api.cli.exits import EXIT_INVALID, EXIT_OK, UsageError, outcome_exit
 from api.cli.options import add_client_options
-from api.cli.output import err, out, print_json
+from api.cli.output import err, out, print_json, show
 from api.cli.plan_render import render_apply, render_plan
 from api.cli.runner import run_client_command
 
@@ -164,10 +164,7 @@ def run_plan(args: argparse.Namespace) -> int:
         model = _read_model(args)
         if args.url is None and not args.apply and model is not None:
             plan = plan_offline(args, model)
-            if args.json:
-                print_json(plan)
-            else:
-                out(render_plan(plan))
+            show(plan, render_plan, as_json=args.json)
             return EXIT_OK
     except (UsageError, PlanError) as exc:
         err(str(exc))
@@ -185,10 +182,7 @@ def _plan_with_daemon(args: argparse.Namespace, client: Client, model: ModelSpec
         raise UsageError(str(exc)) from exc
     plan = client.plan(body)
     if not args.apply:
-        if args.json:
-            print_json(plan)
-        else:
-            out(render_plan(plan))
+        show(plan, render_plan, as_json=args.json)
         return EXIT_OK
     if not args.json:
         out(render_plan(plan))
