@@ -104,7 +104,13 @@ class ServerLogTail:
         self.want = None
 
 
-_PROBES = ('"GET /health_generate ', '"GET /health ', '"GET /get_server_info ', '"GET /metrics ')
+_PROBES = (
+    '"GET /health_generate ',
+    '"GET /health ',
+    '"GET /get_server_info ',
+    '"GET /server_info ',
+    '"GET /metrics ',
+)
 
 
 def is_probe_noise(line: str) -> bool:
