@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from supervisor.sim import envlist
+
 FAULTS_ENV = "SGLANG_SIM_FAULTS"
 _SWITCHES = ("crash_on_start", "hang_on_start", "ignore_sigterm", "detach_ranks")
 _TIMED = ("crash_after", "unhealthy_after")
@@ -37,19 +39,11 @@ def parse_faults(text: str) -> Faults:
     """Parse a ``SGLANG_SIM_FAULTS`` value. Raises ``ValueError`` naming the bad item."""
     switches: dict[str, bool] = {}
     timed: dict[str, float] = {}
-    for raw in text.split(","):
-        item = raw.strip()
-        if not item:
-            continue
-        name, sep, value = item.partition("=")
-        name = name.strip()
-        if name in _SWITCHES and not sep:
+    for item, name, has_value, value in envlist.items(text):
+        if name in _SWITCHES and not has_value:
             switches[name] = True
-        elif name in _TIMED and sep:
-            try:
-                seconds = float(value)
-            except ValueError:
-                seconds = math.nan
+        elif name in _TIMED and has_value:
+            seconds = envlist.number(value)
             if not math.isfinite(seconds) or seconds < 0:
                 raise ValueError(
                     f"{FAULTS_ENV}: {item!r} needs a number of seconds >= 0 ({name}=S)"

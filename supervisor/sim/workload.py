@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
+
+from supervisor.sim import envlist
 
 LOAD_ENV = "SGLANG_SIM_LOAD"
 #: Simulated speeds: decode tokens/s of one request, prefill tokens/s.
@@ -54,21 +55,13 @@ def parse_load(text: str) -> LoadSpec | None:
     if not text.strip():
         return None
     values: dict[str, float] = {}
-    for raw in text.split(","):
-        item = raw.strip()
-        if not item:
-            continue
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or key not in _LIMITS:
+    for item, key, has_value, value in envlist.items(text):
+        if not has_value or key not in _LIMITS:
             raise ValueError(
                 f"{LOAD_ENV}: {item!r} is not one of {', '.join(k + '=' for k in _LIMITS)}"
             )
         kind, low, high = _LIMITS[key]
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
+        number = envlist.number(value)
         if not (low <= number <= high) or (kind is int and not number.is_integer()):
             what = "an integer" if kind is int else "a number"
             raise ValueError(

@@ -13,6 +13,7 @@ import pytest
 from supervisor import planner
 from supervisor.planner import PlanError
 from supervisor.sim import capacity
+from supervisor.sim.faults import Faults, parse_faults
 from supervisor.sim.load import Engine, LoadSpec, parse_load
 
 H200 = 143771 * 2**20
@@ -44,6 +45,16 @@ def test_parse_load() -> None:
         parse_load("rate=1,avg_tokens=10,burst=3")
     with pytest.raises(ValueError, match=r"avg_tokens='1\.5' must be an integer"):
         parse_load("rate=1,avg_tokens=1.5")
+    with pytest.raises(ValueError, match=r"rate='fast' must be a number"):
+        parse_load("rate=fast,avg_tokens=10")
+
+
+def test_env_lists_allow_spaces_around_names_and_values() -> None:
+    assert parse_load("rate = 2 , avg_tokens = 64,") == LoadSpec(rate=2.0, avg_tokens=64)
+    faults = parse_faults(" crash_after = 1.5 , detach_ranks ")
+    assert faults == Faults(crash_after=1.5, detach_ranks=True)
+    with pytest.raises(ValueError, match="'crash_after=soon' needs a number of seconds"):
+        parse_faults("crash_after=soon")
 
 
 def test_kv_bounds_running_and_the_rest_queue() -> None:
