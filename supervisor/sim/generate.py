@@ -156,16 +156,24 @@ class Output:
             "reasoning_tokens": 0,
         }
 
-    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
-        obj = "text_completion" if self.req.kind == "completions" else "chat.completion.chunk"
+    def _envelope(
+        self, obj: str, choices: list[dict[str, Any]], usage: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """The OpenAI-style object around the choices (a chunk, or a whole answer)."""
         return {
             "id": self.id,
             "object": obj,
             "created": self.created,
             "model": self.req.model,
-            "choices": [choice],
-            "usage": None,
+            "choices": choices,
+            "usage": usage,
         }
+
+    def _chunk_object(self) -> str:
+        return "text_completion" if self.req.kind == "completions" else "chat.completion.chunk"
+
+    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        return self._envelope(self._chunk_object(), [choice], None)
 
     def first_events(self) -> Iterator[dict[str, Any]]:
         """Events before the first token."""
@@ -225,10 +233,7 @@ class Output:
                 }
             )
         if self.req.include_usage:
-            usage = self._chunk({})
-            usage["choices"] = []
-            usage["usage"] = self._usage(n)
-            yield usage
+            yield self._envelope(self._chunk_object(), [], self._usage(n))
 
     def answer(self) -> dict[str, Any]:
         """The whole answer of a request that does not stream."""
@@ -243,15 +248,9 @@ class Output:
             choice = {"index": 0, "message": message, "logprobs": None}
             obj = "chat.completion"
         choice.update(finish_reason="length", matched_stop=None)
-        return {
-            "id": self.id,
-            "object": obj,
-            "created": self.created,
-            "model": self.req.model,
-            "choices": [choice],
-            "usage": self._usage(n),
-            "metadata": {"weight_version": "default"},
-        }
+        answer = self._envelope(obj, [choice], self._usage(n))
+        answer["metadata"] = {"weight_version": "default"}
+        return answer
 
 
 def sse(event: dict[str, Any] | str) -> bytes:

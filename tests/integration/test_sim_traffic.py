@@ -82,6 +82,8 @@ def test_openai_completions_and_chat_stream_and_not(sims: Sims) -> None:
     assert r.status_code == 200
     answer = r.json()
     assert answer["object"] == "chat.completion" and answer["model"] == "sim-70b"
+    assert answer["usage"]["completion_tokens"] == 2
+    assert answer["metadata"] == {"weight_version": "default"}
     assert answer["choices"][0]["message"] == {
         "role": "assistant",
         "content": "sim sim",
