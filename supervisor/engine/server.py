@@ -383,7 +383,7 @@ async def stop_and_release(
     if report.survivors:
         why += "; still alive: " + "; ".join(s.describe() for s in report.survivors)
     foreign = sorted({p for g in result.gpus for p in g.foreign_pids})
-    if foreign:
+    if foreign and not result.blocked_by:  # blocked_by: describe() named them already
         why += f"; processes not ours on the GPUs: {foreign} (never killed automatically)"
     ph.end(FAILED, why)
     sup.transition(S.FAILED, why)

@@ -309,10 +309,12 @@ async def contain(sup: Supervisor, op: Operation, exc: Exception) -> None:
         return
     rollback_start = prefixed(PhasePrefix.ROLLBACK, PhaseName.START)
     if await launch_until_ready(sup, op, good, probation=False, phase=rollback_start):
+        # The error may have come after the drain took the server out of the router.
+        refused = await routing.join(sup, op, prefix=PhasePrefix.ROLLBACK)
         sup.levers = good
         op.rollback_reason = why
         op.levers_effective = good.to_json()
-        op.finish(ROLLED_BACK, why)
+        op.finish(ROLLED_BACK, why if refused is None else f"{why}; then {refused}")
         return
     second = op.rollback_reason
     await stop_and_release(sup, op, f"{why}; {second}", S.FAILED, prefix=PhasePrefix.CLEANUP)

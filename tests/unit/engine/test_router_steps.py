@@ -7,7 +7,7 @@ from pathlib import Path
 
 from supervisor.phases import OpKind
 from supervisor.router import RouterError
-from tests.unit.engine.common import S, idle, ops_of, settle
+from tests.unit.engine.common import S, apply, idle, ops_of, settle
 from tests.unit.fakes import make_rig, run, until
 
 
@@ -105,6 +105,31 @@ def test_a_router_that_does_not_answer_never_holds_up_a_crash_recovery(tmp_path:
         view = rig.sup.view()
         assert view.router is not None
         assert "router unreachable: POST" in str(view.router["error"])
+        await rig.sup.shutdown()
+
+    run(main)
+
+
+def test_an_unexpected_error_after_the_stop_puts_the_last_good_server_back_in(
+    tmp_path: Path,
+) -> None:
+    """Popen raised a non-OSError after the apply had taken the server out of the router:
+    the containment starts the last-good levers again, and they serve in the router too
+    (not left serving where no client behind the router can reach it)."""
+    rig = make_rig(tmp_path)
+    router = FakeRouter()
+    rig.sup.router = router
+
+    async def main() -> None:
+        await rig.start_ready()
+        rig.procs.spawn_error = UnicodeEncodeError(
+            "utf-8", "\ud800", 0, 1, "surrogates not allowed"
+        )
+        op = await apply(rig, {"mem_fraction_static": 0.9})
+        assert op.state == "rolled_back", op.error
+        assert "UnicodeEncodeError" in (op.error or "")
+        assert idle(rig, S.READY)
+        assert router.listed  # back behind the router
         await rig.sup.shutdown()
 
     run(main)
