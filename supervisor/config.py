@@ -10,8 +10,9 @@ The environment (for containers): ``SGLANG_SUPERVISOR_<SECTION>__<KEY>`` overrid
 option of the file, e.g. ``SGLANG_SUPERVISOR_API__PORT=8471``,
 ``SGLANG_SUPERVISOR_TIMEOUTS__READY_TIMEOUT_S=3600``,
 ``SGLANG_SUPERVISOR_SERVER__GPUS='["0","1"]'`` (JSON for lists and tables), and
-``SGLANG_SUPERVISOR_STATE_DIR`` / ``_SIMULATE`` / ``_KEEP_SERVER_ON_EXIT`` at the top
-level. ``instance`` is not read from the environment: ``SGLANG_SUPERVISOR_INSTANCE`` is
+``SGLANG_SUPERVISOR_STATE_DIR`` / ``_SIMULATE`` / ``_KEEP_SERVER_ON_EXIT`` / ``_LOG_LEVEL``
+at the top level, ``SGLANG_SUPERVISOR_ROUTER__URL`` for ``[router]``. ``instance`` is
+not read from the environment: ``SGLANG_SUPERVISOR_INSTANCE`` is
 the launch tag every server process carries. Command-line options win over both.
 """
 
@@ -216,9 +217,11 @@ class _FromEnvironment(BaseSettings):
     simulate: bool | None = None
     state_dir: Path | None = None
     keep_server_on_exit: bool | None = None
+    log_level: Literal["debug", "info", "warning", "error"] | None = None
     api: ApiSettings | None = None
     server: ServerSettings | None = None
     timeouts: TimeoutSettings | None = None
+    router: RouterSettings | None = None
     sim: SimulateSettings | None = None
 
 

@@ -60,3 +60,15 @@ def test_the_retired_sim_oom_fraction_still_loads(tmp_path: Path) -> None:
     path.write_text("simulate = true\n[sim]\ngpus = 2\noom_fraction = 0.95\n")
     settings = load_settings(path, {})
     assert settings.sim.gpus == 2 and not hasattr(settings.sim, "oom_fraction")
+
+
+def test_router_and_log_level_come_from_the_environment_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container configured by environment alone gets its router and log level (they
+    were silently ignored before)."""
+    monkeypatch.setenv("SGLANG_SUPERVISOR_ROUTER__URL", "http://127.0.0.1:30100")
+    monkeypatch.setenv("SGLANG_SUPERVISOR_LOG_LEVEL", "debug")
+    s = load_settings(None, {})
+    assert s.router.url == "http://127.0.0.1:30100"
+    assert s.log_level == "debug"
