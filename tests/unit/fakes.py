@@ -678,9 +678,11 @@ def make_rig(
     procs: FakeProcessOps | None = None,
     settings: Settings | None = None,
     backend_name: str = "simulated",
+    clock: Callable[[], float] = time.monotonic,
     **settings_kw: Any,
 ) -> Rig:
-    """A Supervisor wired to fakes; pass ``probe``/``procs`` to share one fake host."""
+    """A Supervisor wired to fakes; pass ``probe``/``procs`` to share one fake host, and
+    a ``FakeClock`` to decide when the liveness probes and backoffs are due."""
     probe = probe or (procs.probe if procs is not None else FakeProbe())
     procs = procs or FakeProcessOps(probe)
     health = FakeHealth(procs)
@@ -700,5 +702,6 @@ def make_rig(
         schema_loader=load_schema if "python" in settings_kw else None,
         store=Store(state_dir),
         poll_s=0.005,
+        clock=clock,
     )
     return Rig(sup, probe, procs, health, settings)
