@@ -36,13 +36,12 @@ from api.logsetup import UVICORN_LOG_CONFIG
 from api.reload import reload_settings
 from api.state_lock import StateDirBusy, lock_state_dir
 from supervisor import sdnotify
-from supervisor.config import Settings, instance_name
+from supervisor.config import Settings
 from supervisor.engine import Supervisor
 from supervisor.process import set_child_subreaper
 from supervisor.router import read_api_key
-from supervisor.runtime import build_supervisor
+from supervisor.runtime import build_supervisor, cleanup
 from supervisor.states import ServerState
-from supervisor.teardown import teardown
 
 log = logging.getLogger("supervisor")
 
@@ -117,61 +116,52 @@ class _Stopping:
 
     The first SIGTERM/SIGINT is graceful: the API stops, the running operation ends at
     its next phase boundary, the server is stopped (SIGTERM, ``stop_grace_s``, SIGKILL)
-    and its GPUs verified released. A second one forces: no drain, and (unless the
-    server is kept for the next daemon) SIGKILL to every process of the instance now,
-    even in the middle of a stop's grace period; the release is still verified.
+    and its GPUs verified released. Whether a later one forces is the supervisor's rule
+    (``Supervisor.request_shutdown``: its second request does): then no drain, and the
+    supervisor's own teardown SIGKILLs at once, even in the middle of a grace period
+    (``cut_grace``); the release is still verified. The daemon only mirrors the outcome
+    onto uvicorn (``force_exit``), like uvicorn's own ``handle_exit``; it starts no sweep
+    of its own beside the supervisor's teardown.
     """
 
     def __init__(
         self,
         sup: Supervisor,
-        settings: Settings,
         app: FastAPI,
         server: uvicorn.Server,
         reload: Callable[[], Any],
     ) -> None:
         self.sup = sup
-        self.settings = settings
         self.app = app
         self.server = server
         self.reload = reload
-        self.requests = 0
         #: The first SIGTERM/SIGINT came.
         self.requested = asyncio.Event()
-        #: A second one came.
-        self.forced = asyncio.Event()
-        #: The SIGKILL of a forced stop, in a worker thread.
-        self.killing: asyncio.Future[bool] | None = None
 
     def on_signal(self, sig: signal.Signals) -> None:
         if sig == signal.SIGHUP:
             self.reload()
             return
-        self.requests += 1
         self.server.should_exit = True
         close_streams(self.app)
-        if self.requests == 1:
+        self.requested.set()
+        was_forced = self.sup.shutdown_forced
+        self.sup.request_shutdown()  # the supervisor decides whether this one forces
+        if not self.sup.shutdown_forced:
             log.info(
                 "%s: stopping: the server is stopped and its GPUs verified released "
                 "(or kept with keep_server_on_exit); another %s forces the stop",
                 sig.name,
                 sig.name,
             )
-            self.requested.set()
-            self.sup.request_shutdown()
-            return
-        self.server.force_exit = True
-        self.forced.set()
-        self.sup.request_shutdown(force=True)
-        if keep_server_on_exit(self.settings):
-            log.warning("%s again: forcing the stop (the server is kept running)", sig.name)
-        elif self.killing is None:
+        elif not was_forced:
+            self.server.force_exit = True
             log.warning(
-                "%s again: forcing the stop: SIGKILL to every process of the server now; "
-                "the GPUs' release is still verified",
+                "%s again: forcing the stop: no drain, SIGKILL without a grace period "
+                "(unless the server is kept for the next daemon); the GPUs' release is "
+                "still verified",
                 sig.name,
             )
-            self.killing = asyncio.ensure_future(_stop_leftovers(self.settings, forced=True))
 
 
 async def _start(sup: Supervisor, stopping: _Stopping) -> bool:
@@ -194,18 +184,16 @@ async def _start(sup: Supervisor, stopping: _Stopping) -> bool:
     return True
 
 
-async def _stop_leftovers(settings: Settings, *, forced: bool) -> bool:
-    """Stop every process carrying this instance's launch tag (SIGTERM, ``stop_grace_s``,
-    SIGKILL; SIGKILL at once when ``forced``). At exit: the daemon leaves nothing of its
-    instance running, not even a server it had not adopted yet when a stop came during
-    start-up. False when something survived."""
-    t = settings.timeouts
+async def _stop_leftovers(settings: Settings, sup: Supervisor) -> bool:
+    """``runtime.cleanup`` at exit, once the supervisor's own teardown has ended: the
+    daemon leaves nothing of its instance running, not even a server it had not adopted
+    yet when a stop came during start-up. A forced stop (now, or during its grace
+    period) SIGKILLs at once. False when something survived."""
     report = await asyncio.to_thread(
-        teardown,
-        None,
-        tag_prefix=f"{instance_name(settings)}.",
-        grace_s=0.0 if forced else t.stop_grace_s,
-        kill_timeout_s=t.kill_timeout_s,
+        cleanup,
+        settings,
+        forced=sup.shutdown_forced,
+        cut_grace=lambda: sup.shutdown_forced,
     )
     if report.members:
         log.warning("stopped processes of this instance: %s", report.describe())
@@ -294,7 +282,7 @@ async def serve(
         )
         sdnotify.notify("READY=1")
 
-    stopping = _Stopping(sup, settings, app, server, reload)
+    stopping = _Stopping(sup, app, server, reload)
     signals.attach(asyncio.get_running_loop(), stopping.on_signal)
     try:
         try:
@@ -316,12 +304,10 @@ async def serve(
         )
     finally:
         keep = keep_server_on_exit(settings)
-        released = await sup.shutdown(keep_server=keep, force=stopping.forced.is_set())
-        if stopping.killing is not None:
-            await stopping.killing
+        released = await sup.shutdown(keep_server=keep)
         if not keep:
             # What the supervisor had not adopted yet when a stop came during start-up.
-            released = await _stop_leftovers(settings, forced=stopping.forced.is_set()) and released
+            released = await _stop_leftovers(settings, sup) and released
         sock.close()
         flush_suppressed()
         signals.detach()

@@ -187,6 +187,12 @@ def instance_name(settings: Settings) -> str:
     return f"sglang-supervisor-{digest}"
 
 
+def instance_tag_prefix(settings: Settings) -> str:
+    """What every launch tag of this instance starts with (``<instance>.<launch id>``):
+    the daemon's sweeps and the supervisor's membership all match on it."""
+    return f"{instance_name(settings)}."
+
+
 def default_state_dir() -> Path:
     """systemd's $STATE_DIRECTORY, else the XDG state home."""
     if env := os.environ.get("STATE_DIRECTORY"):

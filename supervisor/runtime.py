@@ -8,7 +8,7 @@ from pathlib import Path
 
 from supervisor import process
 from supervisor.backend import Backend, ServerHandle
-from supervisor.config import Settings, instance_name
+from supervisor.config import Settings, instance_tag_prefix
 from supervisor.engine import Supervisor
 from supervisor.health import HttpHealthChecker
 from supervisor.router import build_link
@@ -129,16 +129,22 @@ def build_supervisor(settings: Settings) -> Supervisor:
     )
 
 
-def cleanup(settings: Settings) -> TeardownReport:
-    """Stop every process carrying this instance's launch tag (``ExecStopPost=``).
+def cleanup(
+    settings: Settings, *, forced: bool = False, cut_grace: Callable[[], bool] | None = None
+) -> TeardownReport:
+    """Stop every process carrying this instance's launch tag: SIGTERM, then SIGKILL
+    after ``stop_grace_s`` (at once when ``forced``, or once ``cut_grace()`` is true in
+    the middle of the wait). Blocking.
 
-    For the ``KillMode=process`` drop-in: when the service stops, whatever server the
-    daemon left behind goes too — SIGTERM, then SIGKILL after ``stop_grace_s``.
+    The one sweep of the whole instance: ``ExecStopPost=`` runs it for the
+    ``KillMode=process`` drop-in (whatever server the daemon left behind goes too), and
+    the daemon at its exit, after the supervisor's own teardown (never beside it).
     """
     t = settings.timeouts
     return stop_tree(
         None,
-        tag_prefix=f"{instance_name(settings)}.",
-        grace_s=t.stop_grace_s,
+        tag_prefix=instance_tag_prefix(settings),
+        grace_s=0.0 if forced else t.stop_grace_s,
         kill_timeout_s=t.kill_timeout_s,
+        cut_grace=cut_grace,
     )

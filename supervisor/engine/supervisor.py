@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.backend import Backend, ProcessOps
-from supervisor.config import Settings, instance_name
+from supervisor.config import Settings, instance_tag_prefix
 from supervisor.engine import checks, startup, transaction
 from supervisor.engine.errors import Busy, NoSuchOperation, OperationFinished
 from supervisor.engine.journal import Journal
@@ -99,7 +99,7 @@ class Supervisor:
         self.schema_live = False
         #: Why SGLang's own parser is not used (None when it is).
         self.schema_warning: str | None = None
-        self.tag_prefix = f"{instance_name(settings)}."
+        self.tag_prefix = instance_tag_prefix(settings)
         self.watch = Watcher(self)
         #: When a drain in progress ends at the latest (None: no drain).
         self.drain_deadline: float | None = None
