@@ -82,12 +82,6 @@ async def before_a_relaunch(sup: Supervisor) -> None:
         raise LeverError(problems)
 
 
-async def validate(sup: Supervisor, requested: LeverSet) -> tuple[LeverSet, str]:
-    """``validate_with_sglang`` without the verdict."""
-    checked, detail, _ = await validate_with_sglang(sup, requested)
-    return checked, detail
-
-
 def gpu_facts(sup: Supervisor) -> GpuFacts | None:
     """What SGLang would read from CUDA, from the managed GPUs (None: unknown GPU)."""
     if not sup.managed:

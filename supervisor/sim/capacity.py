@@ -106,11 +106,6 @@ def resolve_model(model_path: str, env: Mapping[str, str]) -> ModelSpec:
     return SIM_MODEL
 
 
-def kv_bits(kv_cache_dtype: str | None) -> int:
-    """Bits per KV element: 16 for auto/bf16, 8 for fp8 and mxfp8, 4 for the fp4 recipes."""
-    return planner.kv_element_bits(kv_cache_dtype)
-
-
 def cell_bytes(model: ModelSpec, tp_size: int, kv_cache_dtype: str | None, pp_size: int = 1) -> int:
     """KV bytes one token takes on one rank (``supervisor.planner.cell_bytes``)."""
     return planner.cell_bytes(model.shape, tp_size, kv_cache_dtype, pp_size)
