@@ -6,7 +6,6 @@ ends is counted, announced and appended to the history, whatever happened inside
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -101,8 +100,10 @@ class OperationRegistry:
                 if not op.finished:
                     op.finish(SUCCEEDED)
                 self.ended(op)
-                with contextlib.suppress(Exception):
+                try:  # the store already logs a disk error (OSError) and goes on
                     await self.journal.append_history(op.to_json())
+                except Exception:  # a bug (a record json cannot write): say so, go on
+                    log.exception("operation %s: its history record was not written", op.id)
                 if self.current is op:
                     self.current = None
 

@@ -17,6 +17,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from supervisor import preflight, serverlogs
 from supervisor.backend import ServerHandle
 from supervisor.gpu import GpuSample, cuda_visible_devices, wait_released
@@ -191,8 +193,11 @@ async def wait_ready(sup: Supervisor, op: Operation, handle: ServerHandle) -> No
         interval = t.readiness_poll_s if sup.clock() - t0 < 10 else t.readiness_poll_s * 10
         await pause(sup, op, min(interval, sup.poll_s * 5))
     info: dict[str, Any] = {}
-    with contextlib.suppress(Exception):
+    try:
         info = await sup.health.server_info(sup.url, 5.0)
+    except (httpx.HTTPError, OSError, ValueError) as exc:
+        # Only a figure for /status is missing; a bug (TypeError...) is not hidden.
+        log.warning("pid %s is ready, but /server_info did not answer: %s", handle.pid, exc)
     assert sup.server is not None
     sup.server.ready_at = wall_iso()
     tokens = info.get("max_total_num_tokens")
