@@ -26,7 +26,7 @@ from supervisor.engine.server import (
     ServerInfo,
     teardown_budget,
 )
-from supervisor.engine.view import SupervisorView, gpu_status, snapshot
+from supervisor.engine.view import MembersCache, SupervisorView, gpu_status, snapshot
 from supervisor.engine.watch import Watcher
 from supervisor.events import EventBus
 from supervisor.gpu import GpuInfo, GpuSample
@@ -109,8 +109,8 @@ class Supervisor:
         self.shutdown_forced = False
         self._started = False
         self._shutdown_task: asyncio.Future[bool] | None = None
-        #: The member pids /status showed last, and when (see view.members_for_display).
-        self.members_cache: tuple[float, set[int]] | None = None
+        #: The member pids /status showed last (on the loop only; see view.MembersCache).
+        self.members_cache = MembersCache()
         #: The sglang-router in front of the server (``NoRouter`` without [router] url).
         self.router: WorkerLink = router or NoRouter()
         #: What the last router call that failed said (None after one that worked).
@@ -147,7 +147,7 @@ class Supervisor:
         old = self.state
         check_transition(old, new, reason)
         self.state = new
-        self.members_cache = None  # membership changes with the state
+        self.members_cache.drop()  # membership changes with the state
         self.state_since = self.clock()
         self.state_reason = reason
         log.info("%s -> %s (%s)", old, new, reason)

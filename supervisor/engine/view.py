@@ -196,23 +196,41 @@ def snapshot(sup: Supervisor) -> SupervisorView:
     )
 
 
-def members_for_display(sup: Supervisor, max_age_s: float = 1.0) -> set[int]:
+class MembersCache:
     """Members for display (/status): a full /proc scan costs milliseconds, so one scan
-    serves every request within ``max_age_s`` (the cache is dropped at every transition).
-    Teardown never uses this. Blocking: call it from a worker thread."""
-    now = sup.clock()
-    cached = sup.members_cache
-    if cached is None or now - cached[0] > max_age_s:
-        cached = (now, members_now(sup))
-        sup.members_cache = cached
-    return cached[1]
+    serves every request within ``max_age_s``; every transition drops it. Teardown never
+    uses this.
+
+    Read, written and dropped on the event loop only (the scan runs in a worker thread):
+    a scan that a transition overtook is shown once but never kept, so no request after
+    the transition is answered with the membership from before it."""
+
+    def __init__(self) -> None:
+        self._at: float | None = None
+        self._pids: set[int] = set()
+        #: Bumped by every ``drop``: a scan begun before it is not kept.
+        self._generation = 0
+
+    def drop(self) -> None:
+        self._at = None
+        self._generation += 1
+
+    async def get(self, sup: Supervisor, max_age_s: float = 1.0) -> set[int]:
+        now = sup.clock()
+        if self._at is not None and now - self._at <= max_age_s:
+            return self._pids
+        generation = self._generation
+        pids = await asyncio.to_thread(members_now, sup)
+        if generation == self._generation:
+            self._at, self._pids = now, pids
+        return pids
 
 
 async def gpu_status(sup: Supervisor) -> list[dict[str, Any]]:
     """``/status``'s ``gpus``: memory, baseline and processes (ours or not) per GPU."""
     try:
         samples = await asyncio.to_thread(sup.sample_gpus)
-        members = await asyncio.to_thread(members_for_display, sup)
+        members = await sup.members_cache.get(sup)
     except GpuQueryError as exc:
         return [{"index": g.index, "uuid": g.uuid, "error": str(exc)} for g in sup.managed]
     return [
