@@ -150,11 +150,31 @@ class ReleaseResult:
         if self.blocked_by:
             return (
                 f"GPUs not released after {self.elapsed_s:.1f}s: {why}; no member of ours "
-                f"is left, and what is held above baseline belongs to pids {self.blocked_by}, "
-                "not ours (never killed automatically): stop them or take their GPU out of "
-                "server.gpus"
+                f"is left, and what is held above baseline belongs to pids {self.blocked_by}; "
+                f"{FOREIGN_ADVICE}"
             )
         return f"GPUs not released after {self.elapsed_s:.1f}s: {why}"
+
+
+#: What an operator can do about a process that is not ours on a managed GPU.
+FOREIGN_ADVICE = (
+    "a process that is not ours is never killed automatically: stop it, or take its GPU "
+    "out of server.gpus"
+)
+
+
+def foreign_holders(samples: Sequence[GpuSample], members: Collection[int]) -> list[str]:
+    """The one rule of what is foreign: every process on a sampled GPU whose pid is not a
+    member of our server, as ``pid P holds 10.0 GiB on GPU i``. Only meaningful with
+    local pids (the caller checks ``pids_are_local``)."""
+    return [
+        f"pid {p.pid} holds "
+        + ("an unknown amount" if p.used_bytes is None else f"{p.used_bytes / 2**30:.1f} GiB")
+        + f" on GPU {s.index}"
+        for s in samples
+        for p in s.processes
+        if p.pid not in members
+    ]
 
 
 #: How long memory may lag behind its process's exit before foreign pids are blamed.

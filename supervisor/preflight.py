@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from supervisor.gpu import GpuInfo, GpuSample
+from supervisor.gpu import FOREIGN_ADVICE, GpuInfo, GpuSample, foreign_holders
 from supervisor.layout import Layout
 from supervisor.levers import LeverProblem, LeverSet
 from supervisor.planner.hicache import (
@@ -139,19 +139,14 @@ def check(
             )
         )
     if samples is not None and pids_are_local:
-        for s in samples:
-            for proc in s.processes:
-                if proc.pid in member_pids:
-                    continue
-                used = "unknown" if proc.used_bytes is None else f"{proc.used_bytes / GiB:.1f} GiB"
-                problems.append(
-                    LeverProblem(
-                        "gpus",
-                        f"GPU {s.index} is used by pid {proc.pid} ({used}), which is not part of "
-                        "the server this supervisor manages; stop it or take the GPU out of "
-                        "server.gpus — it is never killed automatically",
-                    )
-                )
+        problems.extend(
+            LeverProblem(
+                "gpus",
+                f"{holder}, which is not part of the server this supervisor manages; "
+                f"{FOREIGN_ADVICE}",
+            )
+            for holder in foreign_holders(samples, member_pids)
+        )
     gpu_total = min((g.memory_total_bytes for g in managed), default=0)
     available = host.available_ram_bytes + freed_on_stop_bytes
     budget = available - SGLANG_HOST_RAM_MARGIN

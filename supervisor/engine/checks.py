@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from supervisor import preflight as host_preflight
 from supervisor.engine.errors import Busy
 from supervisor.engine.server import flags, members_now, server_env
-from supervisor.gpu import GpuQueryError, GpuSample
+from supervisor.gpu import FOREIGN_ADVICE, GpuQueryError, GpuSample, foreign_holders
 from supervisor.levers import (
     LeverError,
     LeverProblem,
@@ -35,7 +35,7 @@ from supervisor.sglang_parser import (
     levers_for_message,
 )
 from supervisor.states import IDLE_STATES, ServerState
-from supervisor.units import MiB, fmt_gib, fmt_mib
+from supervisor.units import MiB, fmt_mib
 
 if TYPE_CHECKING:
     from supervisor.engine.supervisor import Supervisor
@@ -65,18 +65,29 @@ async def before_the_stop(
     return checked, passed, ({} if verdict is None else verdict.resolved)
 
 
+def backing_off(sup: Supervisor) -> bool:
+    """The running operation is a recovery that only waits out its backoff (no OS step
+    runs): an operator's request may end it."""
+    op = sup.operation
+    return op is not None and op.kind == OpKind.RECOVER and sup.state == S.BACKOFF
+
+
+def refuse_if_busy(sup: Supervisor) -> None:
+    """The one rule of "busy" for an operator's request: raises ``Busy`` while the daemon
+    closes, or while an operation runs — unless it is a recovery only backing off, which
+    yields to the request (once the request has been found valid)."""
+    if sup.shutdown_requested:
+        raise Busy(Operation(kind=OpKind.SHUTDOWN))
+    current = sup.operation
+    if current is not None and not current.finished and not backing_off(sup):
+        raise Busy(current)
+
+
 async def before_a_relaunch(sup: Supervisor) -> None:
     """Everything knowable before a start or restart of the current levers is checked
     before anything is stopped: busy, then the same preflight an apply runs (a foreign
     process on a GPU, host RAM, the port). Raises ``Busy`` or ``LeverError``."""
-    if sup.shutdown_requested:
-        raise Busy(Operation(kind=OpKind.SHUTDOWN))
-    current = sup.operation
-    waiting_restart = (
-        current is not None and current.kind == OpKind.RECOVER and sup.state == S.BACKOFF
-    )
-    if current is not None and not current.finished and not waiting_restart:
-        raise Busy(current)
+    refuse_if_busy(sup)
     problems = await preflight(sup, sup.levers)
     if problems:
         raise LeverError(problems)
@@ -313,15 +324,7 @@ async def foreign_processes(sup: Supervisor) -> str | None:
     if not sup.probe.pids_are_local():
         return None
     samples, members = await asyncio.to_thread(sample_with_members, sup)
-    found = [
-        f"pid {p.pid} holds "
-        + ("an unknown amount" if p.used_bytes is None else fmt_gib(p.used_bytes))
-        + f" on GPU {s.index}"
-        for s in samples
-        for p in s.processes
-        if p.pid not in members
-    ]
-    return "; ".join(found) or None
+    return "; ".join(foreign_holders(samples, members)) or None
 
 
 async def refuse_if_foreign(sup: Supervisor, op: Operation) -> bool:
@@ -333,10 +336,7 @@ async def refuse_if_foreign(sup: Supervisor, op: Operation) -> bool:
     else:
         if foreign is None:
             return False
-        why = (
-            f"not starting: {foreign}; stop it or take that GPU out of server.gpus, then "
-            "POST /start (a process that is not ours is never killed automatically)"
-        )
+        why = f"not starting: {foreign}; {FOREIGN_ADVICE}, then POST /start"
     log.error("%s", why)
     op.phase(PhaseName.FOREIGN_PROCESSES).end(FAILED, why)
     op.finish(FAILED, why)

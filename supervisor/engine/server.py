@@ -21,7 +21,7 @@ import httpx
 
 from supervisor import preflight, serverlogs
 from supervisor.backend import ServerHandle
-from supervisor.gpu import GpuSample, cuda_visible_devices, wait_released
+from supervisor.gpu import FOREIGN_ADVICE, GpuSample, cuda_visible_devices, wait_released
 from supervisor.levers import LeverSet, render_argv
 from supervisor.operations import FAILED, SUCCEEDED, Operation, wall_iso
 from supervisor.phases import PhaseName
@@ -389,7 +389,7 @@ async def stop_and_release(
         why += "; still alive: " + "; ".join(s.describe() for s in report.survivors)
     foreign = sorted({p for g in result.gpus for p in g.foreign_pids})
     if foreign and not result.blocked_by:  # blocked_by: describe() named them already
-        why += f"; processes not ours on the GPUs: {foreign} (never killed automatically)"
+        why += f"; processes not ours on the GPUs: pids {foreign}; {FOREIGN_ADVICE}"
     ph.end(FAILED, why)
     sup.transition(S.FAILED, why)
     return False

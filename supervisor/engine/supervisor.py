@@ -19,7 +19,7 @@ from typing import Any
 from supervisor.backend import Backend, ProcessOps
 from supervisor.config import Settings, instance_tag_prefix
 from supervisor.engine import checks, startup, transaction
-from supervisor.engine.errors import Busy, NoSuchOperation, OperationFinished
+from supervisor.engine.errors import NoSuchOperation, OperationFinished
 from supervisor.engine.journal import Journal
 from supervisor.engine.registry import MAX_OPERATIONS, OperationRegistry
 from supervisor.engine.server import (
@@ -260,7 +260,7 @@ class Supervisor:
     def _preempt_backoff(self) -> None:
         """An operator's request wins over a restart that is only waiting out its backoff."""
         op = self.operation
-        if op is not None and op.kind == OpKind.RECOVER and self.state == S.BACKOFF:
+        if op is not None and checks.backing_off(self):
             # Safe to cancel: in backoff the recovery only waits (no OS step runs).
             self.ops.supersede(op, "superseded by an operator's request during backoff")
 
@@ -323,14 +323,10 @@ class Supervisor:
         Raises ``LeverError`` (nothing touched) or ``Busy``. With ``dry_run`` the returned
         operation is already finished and nothing was touched.
         """
-        current = self.operation
         # A restart waiting out its backoff yields to the operator, but only once the
         # request has been found valid (below): a typo must not cancel a recovery.
-        waiting_restart = (
-            current is not None and current.kind == OpKind.RECOVER and self.state == S.BACKOFF
-        )
-        if not dry_run and current is not None and not current.finished and not waiting_restart:
-            raise Busy(current)
+        if not dry_run:
+            checks.refuse_if_busy(self)
         requested = self.requested_levers(levers, env, replace=replace)
         checked, passed, resolved = await checks.before_the_stop(self, requested)  # LeverError
         if dry_run:

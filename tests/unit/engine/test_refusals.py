@@ -130,7 +130,7 @@ def test_preflight_refuses_a_foreign_process_on_a_managed_gpu(tmp_path: Path) ->
             await rig.sup.submit_apply({"mem_fraction_static": 0.9}, {})
         (problem,) = info.value.problems
         assert problem.lever == "gpus"
-        assert "GPU 1 is used by pid 99999" in problem.message
+        assert "pid 99999 holds 2.0 GiB on GPU 1" in problem.message
         assert "never killed automatically" in problem.message
         assert 99_999 in rig.probe.holders  # not killed
         assert rig.procs.teardowns == []
