@@ -286,17 +286,21 @@ def members_now(sup: Supervisor) -> set[int]:
     return sup.procs.members(handle, tag=None, tag_prefix=sup.tag_prefix)
 
 
-async def teardown(sup: Supervisor, handle: ServerHandle | None) -> TeardownReport:
+async def teardown(
+    sup: Supervisor, handle: ServerHandle | None, *, exclude_tag: str | None = None
+) -> TeardownReport:
     """The staged stop (``supervisor.teardown``): SIGTERM to the launcher alone and up to
     ``stop_grace_s`` for it to drain and exit (no wait when the shutdown is forced, also
     once it is forced in the middle of that wait), then SIGTERM to every member left,
-    SIGKILL to the survivors. Runs to its end in a worker thread."""
+    SIGKILL to the survivors. Every process of this instance goes (but the launch tagged
+    ``exclude_tag``: one being adopted). Runs to its end in a worker thread."""
     t = sup.settings.timeouts
     return await asyncio.to_thread(
         sup.procs.teardown,
         handle,
         tag=None if handle is None else handle.tag,
         tag_prefix=sup.tag_prefix,
+        exclude_tag=exclude_tag,
         grace_s=0.0 if sup.shutdown_forced else t.stop_grace_s,
         kill_timeout_s=t.kill_timeout_s,
         # A second shutdown request during the grace period: SIGKILL now.

@@ -21,14 +21,13 @@ from supervisor.engine.server import (
     judge_hung,
     launch_until_ready,
     members_now,
-    release_timeout,
     stop_and_release,
     teardown,
     wait_ready,
     watch_probation,
 )
 from supervisor.engine.transaction import commit, recover, roll_back
-from supervisor.gpu import GpuInfo, GpuQueryError, resolve_gpus, wait_released
+from supervisor.gpu import GpuInfo, GpuQueryError, resolve_gpus
 from supervisor.levers import LeverError, LeverSet, check_levers
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
 from supervisor.phases import PhaseName, PhasePrefix, prefixed
@@ -163,16 +162,7 @@ async def try_adopt(sup: Supervisor, op: Operation, record: RecordedServer) -> b
         sup.procs.members, None, tag=None, tag_prefix=sup.tag_prefix, exclude_tag=record.tag
     )
     if others:
-        t = sup.settings.timeouts
-        report = await asyncio.to_thread(
-            sup.procs.teardown,
-            None,
-            tag=None,
-            tag_prefix=sup.tag_prefix,
-            exclude_tag=record.tag,
-            grace_s=t.stop_grace_s,
-            kill_timeout_s=t.kill_timeout_s,
-        )
+        report = await teardown(sup, None, exclude_tag=record.tag)
         op.phase(prefixed(PhasePrefix.LEFTOVERS, PhaseName.STOP)).end(
             SUCCEEDED if report.clean else FAILED, f"other launches: {report.describe()}"
         )
@@ -235,34 +225,16 @@ async def finish_probation(sup: Supervisor, op: Operation, handle: ServerHandle)
 
 
 async def clear_leftovers(sup: Supervisor, op: Operation, members: set[int]) -> None:
-    """stopped -> stopping -> releasing -> stopped for processes an earlier daemon left.
+    """stopped -> stopping -> releasing -> stopped for processes an earlier daemon left
+    (``stop_and_release``; raises ``StartFailed`` when they could not be released).
 
-    No baseline exists yet, so release here means: no member pid on any managed GPU.
+    No baseline exists yet, so release here means: no member pid on any managed GPU
+    (``stop_and_release``'s rule for GPUs without a baseline).
     """
+    sup.baseline = {}  # none measured yet (measure_baseline comes next)
     reason = f"leftover processes of this instance: {sorted(members)}"
-    sup.transition(S.STOPPING, reason)
-    ph = op.phase(prefixed(PhasePrefix.LEFTOVERS, PhaseName.STOP))
-    report = await teardown(sup, None)
-    ph.end(SUCCEEDED if report.clean else FAILED, report.describe())
-    sup.transition(S.RELEASING, reason)
-    ph = op.phase(prefixed(PhasePrefix.LEFTOVERS, PhaseName.RELEASE))
-    known = set(report.members)
-    result = await asyncio.to_thread(
-        wait_released,
-        sup.probe,
-        sup.gpu_indices(),
-        {g.index: g.memory_total_bytes for g in sup.managed},
-        lambda: known,
-        timeout_s=release_timeout(sup, None),
-        tolerance_bytes=0,
-        consecutive=sup.settings.timeouts.release_samples,
-    )
-    if not result.released or not report.clean:
-        why = f"leftovers could not be cleared: {report.describe()}; {result.describe()}"
-        ph.end(FAILED, why)
-        sup.transition(S.FAILED, why)
-        raise StartFailed(why)
-    ph.end(SUCCEEDED, result.describe())
+    if not await stop_and_release(sup, op, reason, S.STOPPED, prefix=PhasePrefix.LEFTOVERS):
+        raise StartFailed(f"leftovers could not be cleared: {sup.state_reason}")
     if not sup.probe.pids_are_local():
         # Without local pids the GPUs cannot tell us the leftovers are gone, and the
         # baseline measured next may include what they held: say so.
@@ -270,7 +242,6 @@ async def clear_leftovers(sup: Supervisor, op: Operation, members: set[int]) -> 
             f"leftovers {sorted(members)} were torn down, but with GPU pids from another "
             "PID namespace their release could not be verified on the GPUs"
         )
-    sup.transition(S.STOPPED, "leftovers cleared")
 
 
 async def measure_baseline(sup: Supervisor) -> None:
