@@ -109,6 +109,7 @@ async def roll_back(sup: Supervisor, op: Operation, reason: str) -> None:
     rollback_start = prefixed(PhasePrefix.ROLLBACK, PhaseName.START)
     if await launch_until_ready(sup, op, good, probation=False, phase=rollback_start):
         refused = await routing.join(sup, op, prefix=PhasePrefix.ROLLBACK)
+        sup.levers = good  # they serve (a containment may come from other levers)
         op.rollback_reason = reason
         op.levers_effective = good.to_json()
         op.finish(ROLLED_BACK, reason if refused is None else f"{reason}; then {refused}")
@@ -292,33 +293,23 @@ async def recover(sup: Supervisor, op: Operation, reason: str) -> None:
 
 async def contain(sup: Supervisor, op: Operation, exc: Exception) -> None:
     """``op`` raised what nobody expected (a bug; an error of a kind no step handles):
-    never leave a state with no process behind it. Tear down what is ours; start the
-    last-good levers again (``rolled_back``) unless it was a stop; ``failed`` with the
-    reason when that fails too. A shutdown in progress does the teardown itself."""
+    never leave a state with no process behind it. Unless it was a stop, roll back
+    (``roll_back``: tear down what is ours, start the last-good levers again, back in
+    the router — the error may have come after the drain took the server out of it);
+    a stop, or no last-good levers, only tears down (``failed``). A shutdown in
+    progress does the teardown itself."""
     why = f"internal error: {type(exc).__name__}: {exc}"
     op.rollback_reason = why
     if sup.shutdown_requested:
         op.finish(FAILED, why)
         return
+    if op.kind != OpKind.STOP and sup.last_good is not None:
+        await roll_back(sup, op, why)
+        return
     if not await stop_and_release(sup, op, why, S.STOPPED, prefix=PhasePrefix.CLEANUP):
         op.finish(FAILED, f"{why}; then the server could not be released")
         return
-    good = sup.last_good
-    if op.kind == OpKind.STOP or good is None:
-        op.finish(FAILED, why)
-        return
-    rollback_start = prefixed(PhasePrefix.ROLLBACK, PhaseName.START)
-    if await launch_until_ready(sup, op, good, probation=False, phase=rollback_start):
-        # The error may have come after the drain took the server out of the router.
-        refused = await routing.join(sup, op, prefix=PhasePrefix.ROLLBACK)
-        sup.levers = good
-        op.rollback_reason = why
-        op.levers_effective = good.to_json()
-        op.finish(ROLLED_BACK, why if refused is None else f"{why}; then {refused}")
-        return
-    second = op.rollback_reason
-    await stop_and_release(sup, op, f"{why}; {second}", S.FAILED, prefix=PhasePrefix.CLEANUP)
-    op.finish(FAILED, f"{why}; starting the last-good levers also failed: {second}")
+    op.finish(FAILED, why)
 
 
 async def contain_or_fail(sup: Supervisor, op: Operation, exc: Exception) -> None:
