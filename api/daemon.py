@@ -18,6 +18,7 @@ import contextlib
 import logging
 import logging.handlers
 import os
+import queue
 import signal
 import socket
 import sys
@@ -57,17 +58,24 @@ def keep_server_on_exit(settings: Settings) -> bool:
     return settings.keep_server_on_exit
 
 
-def _audit_to_file(settings: Settings) -> None:
-    """Mutating calls also go to ``<state_dir>/audit.log`` (JSON lines)."""
+def _audit_to_file(settings: Settings) -> logging.handlers.QueueListener:
+    """Mutating calls also go to ``<state_dir>/audit.log`` (JSON lines), written by a
+    thread of their own: a route only queues its record (a write and a rotation are
+    disk work, never done on the event loop). ``stop()`` the returned listener at exit:
+    it writes what is still queued."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     # Bounded: refused calls are audited too, and anyone who reaches the port can make them.
     handler = logging.handlers.RotatingFileHandler(
         settings.state_dir / "audit.log", maxBytes=16 << 20, backupCount=3
     )
     handler.setFormatter(logging.Formatter("%(message)s"))
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    listener = logging.handlers.QueueListener(records, handler)
+    listener.start()
     audit = logging.getLogger("supervisor.audit")
-    audit.addHandler(handler)
+    audit.addHandler(logging.handlers.QueueHandler(records))
     audit.setLevel(logging.INFO)
+    return listener
 
 
 async def _notify_when_listening(server: uvicorn.Server, sup: Supervisor) -> None:
@@ -233,7 +241,7 @@ async def serve(
     except (AuthConfigError, RuntimeError) as exc:
         print(f"sglang-supervisor: {exc}", file=sys.stderr)
         return 2
-    _audit_to_file(settings)
+    audit_writer = _audit_to_file(settings)
     # httpx logs every request at INFO: readiness probes and scrapes would flood the log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     sup = build_supervisor(settings)
@@ -310,6 +318,7 @@ async def serve(
             released = await _stop_leftovers(settings, sup) and released
         sock.close()
         flush_suppressed()
+        audit_writer.stop()  # what is still queued is written first
         signals.detach()
     # 1: the server was stopped but its GPUs could not be verified released (see the log).
     return 0 if released else 1

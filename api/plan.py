@@ -245,7 +245,9 @@ async def make_plan(
         backend=backend,
         env={**os.environ, **view.backend_env, **view.levers.env},
     )
-    hardware = _hardware(body, view)
+    # The host's RAM and cgroup limits are /proc and /sys reads: off the event loop too
+    # (``view`` is a frozen snapshot, safe to read there).
+    hardware = await asyncio.to_thread(_hardware, body, view)
     live = _live(view)
     avg, avg_source = _avg_tokens(body, view, backend, live)
     validate, resolve = oracle if oracle is not None else (None, None)

@@ -247,7 +247,8 @@ async def preflight(sup: Supervisor, levers: LeverSet) -> list[LeverProblem]:
         return [LeverProblem("gpus", f"cannot query the managed GPUs: {exc}")]
     running = sup.state not in IDLE_STATES
     freed = 0
-    host = host_preflight.host_facts(sup.backend.simulated_host_ram_bytes)
+    # psutil's available RAM and the cgroup limits: /proc and /sys reads, off the loop.
+    host = await asyncio.to_thread(host_preflight.host_facts, sup.backend.simulated_host_ram_bytes)
     if running and sup.server is not None:
         # What the running server's host pool frees at the stop, by SGLang's own sizing rule.
         gpu_total = min((g.memory_total_bytes for g in sup.managed), default=0)

@@ -7,10 +7,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from tests.helpers import Daemon
+from tests.helpers import Daemon, wait_until
 from tests.inprocess import api_client
 from tests.unit.fakes import run
 
@@ -43,9 +44,18 @@ def test_token_is_required_except_on_healthz(daemon_factory: type[Daemon]) -> No
     r = d.apply({"mem_fraction_static": 0.8})
     assert r.json()["operation"]["state"] == "succeeded"
     anon.close()
-    # The audit log names the caller and the lever diff, refusals included.
-    lines = [json.loads(x) for x in (d.dir / "state" / "audit.log").read_text().splitlines()]
-    applied = [x for x in lines if x["action"] == "apply" and x["outcome"] == "accepted"]
+
+    # The audit log names the caller and the lever diff, refusals included (its own
+    # thread writes it, moments after the answer).
+    def audit_lines() -> list[dict[str, Any]]:
+        text = (d.dir / "state" / "audit.log").read_text()
+        return [json.loads(x) for x in text.splitlines()]
+
+    def accepted_apply() -> list[dict[str, Any]]:
+        return [x for x in audit_lines() if x["action"] == "apply" and x["outcome"] == "accepted"]
+
+    applied = wait_until(accepted_apply, 10, 0.02, "the accepted apply in audit.log")
+    lines = audit_lines()
     assert applied and applied[0]["client"].startswith("127.0.0.1:")
     assert all("203.0.113.9" not in str(x) for x in lines)
     assert applied[0]["diff"] == {"mem_fraction_static": {"old": 0.85, "new": 0.8}}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psutil
 
-from tests.helpers import Daemon
+from tests.helpers import Daemon, wait_until
 
 SECRET = "sk-live-4f8a1c"
 ENV_SECRET = "tok-93b2e7"
@@ -22,13 +22,20 @@ def test_api_key_and_token_env_are_redacted_everywhere_but_the_server(
     pid = d.status()["server"]["pid"]
     assert SECRET in psutil.Process(pid).cmdline()
     assert psutil.Process(pid).environ()["SGLANG_EXTRA_TOKEN"] == ENV_SECRET
-    # Nothing the daemon shows has them.
+    # Nothing the daemon shows has them (audit.log: once its thread wrote the apply).
+    audit_path = d.dir / "state" / "audit.log"
+
+    def audit_with_the_apply() -> str | None:
+        text = audit_path.read_text()
+        return text if '"action": "apply"' in text else None
+
+    audit_text = wait_until(audit_with_the_apply, 10, 0.02, "the apply in audit.log")
     shown = {
         "POST /levers": r.text,
         "GET /status": d.client.get("/status").text,
         "GET /levers": d.client.get("/levers").text,
         f"GET /operations/{op['id']}": d.client.get(f"/operations/{op['id']}").text,
-        "audit.log": (d.dir / "state" / "audit.log").read_text(),
+        "audit.log": audit_text,
         "POST /plan": d.client.post("/plan", json={}).text,
     }
     with d.client.stream("GET", "/events", params={"replay": "true"}) as events:
