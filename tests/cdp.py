@@ -57,9 +57,7 @@ class CdpError(RuntimeError):
 class Browser:
     """One headless Chromium; :meth:`page` opens a tab to drive."""
 
-    def __init__(
-        self, binary: str, *, timeout_s: float = 30.0, flags: Sequence[str] = ()
-    ) -> None:
+    def __init__(self, binary: str, *, timeout_s: float = 30.0, flags: Sequence[str] = ()) -> None:
         self.timeout_s = timeout_s
         self.profile = tempfile.mkdtemp(prefix="sgs-chromium-")
         to_browser_r, self._to_browser = os.pipe()

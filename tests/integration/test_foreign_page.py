@@ -83,12 +83,14 @@ def test_a_page_on_another_origin_cannot_restart_the_server(
         browser.close()
     # The three simple requests reached the daemon and were refused there, by origin.
     refused = wait_until(
-        lambda: [
-            e
-            for e in _audit(d)
-            if e.get("outcome", e.get("action")) == "refused" and "origin" in str(e)
-        ]
-        or None,
+        lambda: (
+            [
+                e
+                for e in _audit(d)
+                if e.get("outcome", e.get("action")) == "refused" and "origin" in str(e)
+            ]
+            or None
+        ),
         15,
         0.05,
         "the refusals in the audit log",
