@@ -68,7 +68,8 @@ def _is_loopback(name: str) -> bool:
 def _host_names(bind_host: str) -> set[str]:
     """This host's names, and (bound to a wildcard) every address of its interfaces."""
     names = {bind_host.lower().strip("[]")}
-    names.add(socket.gethostname().lower())  # no getfqdn(): a DNS lookup at start-up
+    hostname = socket.gethostname().lower()  # no getfqdn(): a DNS lookup at start-up
+    names |= {hostname, hostname.split(".")[0]}
     if bind_host.strip("[]") in WILDCARDS:
         for addrs in psutil.net_if_addrs().values():
             for addr in addrs:
