@@ -2,7 +2,8 @@
 
 Added: the bearer scheme (``components.securitySchemes.bearer``) on every operation that
 needs the token, its 401 answer, 413 on operations with a body, 422 everywhere (an unknown
-query parameter), 421 everywhere (Host) and 403/415 on every POST (Origin, Content-Type). All errors have one shape (:class:`api.responses.Problem`).
+query parameter), 421 everywhere (Host) and 403/415 on every POST (Origin, Content-Type).
+All errors have one shape (:class:`api.responses.Problem`).
 """
 
 from __future__ import annotations
