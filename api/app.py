@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import page, plan, routes
 from api.auth import ApiAccess, GuardMiddleware
 from api.openapi import build_openapi
+from api.request_guard import BrowserGuardMiddleware, HostPolicy, known_query
 from supervisor.engine import Supervisor
 from supervisor.metrics import SupervisorMetrics
 from supervisor.oplog import log_operation_end
@@ -24,9 +26,12 @@ def create_app(
     token: str | None = None,
     metrics_public: bool = False,
     max_body_bytes: int = 1 << 20,
+    bind_host: str = "127.0.0.1",
+    allowed_hosts: tuple[str, ...] = (),
 ) -> FastAPI:
     """An app serving ``supervisor`` (started and stopped by ``api.daemon.serve``); with
-    ``token`` every call but /healthz (and /metrics when ``metrics_public``) needs it."""
+    ``token`` every call but /healthz (and /metrics when ``metrics_public``) needs it.
+    ``bind_host`` and ``allowed_hosts``: the Host headers it answers (api.request_guard)."""
     app = FastAPI(
         title="sglang-supervisor",
         summary="Owns an SGLang server and changes its launch flags atomically.",
@@ -34,6 +39,8 @@ def create_app(
         # /docs is our own page (api/static/docs.html): FastAPI's loads Swagger UI from a CDN.
         docs_url=None,
         redoc_url=None,
+        # Every route refuses a query parameter it does not declare (issue 19 §2).
+        dependencies=[Depends(known_query)],
     )
     app.state.supervisor = supervisor
     app.state.metrics = SupervisorMetrics(supervisor)
@@ -50,6 +57,17 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(GuardMiddleware, access=app.state.access, max_body_bytes=max_body_bytes)
+    # Outermost (added last): a forged browser request is refused before the token check.
+    app.add_middleware(BrowserGuardMiddleware, hosts=HostPolicy(bind_host, allowed_hosts))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's own errors carry a bare string ("There was an error parsing the body":
+        # invalid UTF-8, nesting too deep): the documented shape says what to do.
+        detail: Any = exc.detail
+        if not isinstance(detail, dict):
+            detail = {"message": _plain_message(exc.status_code, str(detail))}
+        return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -67,6 +85,15 @@ def create_app(
         return JSONResponse({"detail": detail}, status_code=422)
 
     return app
+
+
+def _plain_message(status: int, text: str) -> str:
+    if status == 400:
+        return (
+            f"{text}: the body must be JSON in UTF-8 (nested at most a few hundred levels); "
+            "nothing was changed"
+        )
+    return text
 
 
 def close_streams(app: FastAPI) -> None:

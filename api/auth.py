@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.audit import audit
@@ -125,7 +126,7 @@ class GuardMiddleware:
                 return
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
-            await _reply(send, 413, {"message": f"request body over {self.max_body} bytes"}, [])
+            await _reply(send, 413, {"message": _too_large(self.max_body)}, [])
             return
         seen = 0
 
@@ -135,14 +136,25 @@ class GuardMiddleware:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_body:
-                    raise _TooLarge
+                    raise _TooLarge(self.max_body)
             return message
 
         try:
             await self.app(scope, limited, send)
         except _TooLarge:
-            await _reply(send, 413, {"message": f"request body over {self.max_body} bytes"}, [])
+            await _reply(send, 413, {"message": _too_large(self.max_body)}, [])
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    """Raised from the body reader: FastAPI passes an HTTPException through (any other
+    error there becomes its own 400), so a chunked body over the limit is a 413 too."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, detail={"message": _too_large(limit)})
+
+
+def _too_large(limit: int) -> str:
+    return (
+        f"the request body is over {limit} bytes ([api] max_request_bytes); nothing was "
+        "changed: send a smaller body or raise the limit"
+    )

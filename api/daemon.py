@@ -250,6 +250,8 @@ async def serve(
         token=token,
         metrics_public=settings.api.metrics_public,
         max_body_bytes=settings.api.max_request_bytes,
+        bind_host=settings.api.host,
+        allowed_hosts=tuple(settings.api.allowed_hosts),
     )
     config = uvicorn.Config(
         app,

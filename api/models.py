@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 
 class ApplyRequest(BaseModel):
@@ -16,7 +16,9 @@ class ApplyRequest(BaseModel):
     levers: dict[str, Any] = Field(default_factory=dict)
     #: Extra environment of the server (NCCL_*, SGLANG_*, CUDA_*, TORCH_*, PYTORCH_*, NVSHMEM_*).
     env: dict[str, Any] = Field(default_factory=dict)
-    replace: bool = False
-    dry_run: bool = False
+    # Strict: "yes", 1 or "false" are refused, never read as a (possibly wrong) boolean.
+    replace: StrictBool = False
+    #: Also ``?dry_run=true``; given in both places, they must agree.
+    dry_run: StrictBool = False
     #: Wait up to this long for running and queued requests to finish before stopping.
     drain_timeout_s: float = Field(0.0, ge=0, allow_inf_nan=False)

@@ -1,8 +1,9 @@
 """The OpenAPI document: FastAPI's, plus what the middleware does that routes cannot say.
 
 Added: the bearer scheme (``components.securitySchemes.bearer``) on every operation that
-needs the token, its 401 answer, 413 on operations with a body, and 422 only where a
-parameter or body can be refused. All errors have one shape (:class:`api.responses.Problem`).
+needs the token, its 401 answer, 413 on operations with a body, 422 everywhere (an unknown
+query parameter), 421 everywhere (Host) and 403/415 on every POST (Origin, Content-Type).
+All errors have one shape (:class:`api.responses.Problem`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ needs `Authorization: Bearer <token>` when the daemon has a token (and `/metrics
 `[api] metrics_public`). Errors are `{"detail": {"message": ..., "problems": [...],
 "operation": ...}}`. A 409 carries `Retry-After`. Operations answer in one envelope,
 `{"operation": {...}}`: 202 while running, 200 once ended (`?wait=true`, dry runs).
+
+Every POST needs `Content-Type: application/json` (also without a body): 415 otherwise.
+A `Host` that does not name the daemon is refused with 421, a POST from a web page of
+another origin with 403, a query parameter the route does not take with 422.
 """
 
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
@@ -67,15 +72,19 @@ def build_openapi(app: FastAPI, version: str) -> dict[str, Any]:
     }
     schemas = components.setdefault("schemas", {})
     for path, item in doc.get("paths", {}).items():
-        for op in item.values():
+        for method, op in item.items():
             responses = op.setdefault("responses", {})
-            if "422" in responses and not _can_refuse(op):
-                del responses["422"]  # FastAPI lists it for any parameter, even a free string
+            # Every route refuses an unknown query parameter (api.request_guard.known_query);
             # FastAPI's own 422 shape is replaced by ours (api.app's handler).
-            if "422" in responses:
-                responses["422"] = _problem(
-                    responses["422"].get("description") or "the request was refused"
-                )
+            described = responses.get("422", {}).get("description")
+            if not _can_refuse(op):
+                described = "an unknown query parameter"
+            responses["422"] = _problem(described or "the request was refused")
+            # What api.request_guard refuses before any route runs.
+            responses.setdefault("421", _problem("the Host header does not name this daemon"))
+            if method == "post":
+                responses.setdefault("403", _problem("a web page of another origin"))
+                responses.setdefault("415", _problem("Content-Type is not application/json"))
             # Errors are JSON whatever the route's own media type (text for /logs...).
             for code, answer in responses.items():
                 if int(code) >= 400 and "Problem" not in str(answer.get("content", {})):

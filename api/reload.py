@@ -29,7 +29,7 @@ RESTART_ONLY = (
     "sim",
     "router",
 )
-RESTART_ONLY_API = ("max_request_bytes",)
+RESTART_ONLY_API = ("max_request_bytes", "allowed_hosts")
 
 
 def reload_settings(

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from api.audit import audit
@@ -145,9 +146,16 @@ async def levers_schema(
     responses={**OPERATION_ANSWERS, 422: INVALID},
 )
 async def post_levers(
-    request: Request, body: ApplyRequest, sup: SupervisorDep, wait: WaitQuery = False
+    request: Request,
+    body: ApplyRequest,
+    sup: SupervisorDep,
+    wait: WaitQuery = False,
+    dry_run: Annotated[
+        bool | None, Query(description="validate and preflight only (as body.dry_run)")
+    ] = None,
 ) -> Any:
     """Validate, preflight, then stop -> release -> start -> commit, or roll back."""
+    body = _with_query_dry_run(body, dry_run)
     requested = sup.requested_levers(body.levers, body.env, replace=body.replace)
     diff = redact(sup.view().levers.diff(requested))
     try:
@@ -180,6 +188,24 @@ async def post_levers(
         request.scope, "apply", outcome="accepted", operation=op.id, diff=diff, dry_run=body.dry_run
     )
     return await _answer(op, wait)
+
+
+def _with_query_dry_run(body: ApplyRequest, query: bool | None) -> ApplyRequest:
+    """``?dry_run=`` and ``body.dry_run`` are one switch: either sets it; both must agree."""
+    if query is None:
+        return body
+    if "dry_run" in body.model_fields_set and body.dry_run != query:
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ("query", "dry_run"),
+                    "msg": f"?dry_run={str(query).lower()} contradicts the body's dry_run "
+                    f"{str(body.dry_run).lower()}; give it once. Nothing was done",
+                    "type": "value_error",
+                }
+            ]
+        )
+    return body.model_copy(update={"dry_run": query})
 
 
 @router.get("/operations", response_model=OperationList, response_model_exclude_unset=True)

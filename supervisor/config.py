@@ -50,6 +50,10 @@ class ApiSettings(_Section):
     metrics_public: bool = False
     #: Larger request bodies are refused with 413.
     max_request_bytes: int = Field(1 << 20, ge=1024)
+    #: Host header names (``name`` or ``name:port``) the API answers besides loopback, the
+    #: bound address and this host's name: e.g. the name a reverse proxy forwards. ``"*"``
+    #: turns the check off (then only the token keeps DNS-rebound pages out).
+    allowed_hosts: list[str] = Field(default_factory=list)
 
 
 class ServerSettings(_Section):

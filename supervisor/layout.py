@@ -23,10 +23,18 @@ The facts (SGLang 0.5.23):
 
 from __future__ import annotations
 
-from collections import Counter
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+#: The most ranks (and the largest single parallel size) a lever set may ask for. One host
+#: holds at most a few dozen GPUs (an NVL72 rack: 72), so anything above is a typo or an
+#: attack; refusing it up front keeps every later step (preflight, the planner, the
+#: simulated server's one child per rank) from sizing anything by it.
+MAX_RANKS = 1024
+#: The levers that size the parallel layout (``nnodes`` and ``ep_size`` count ranks too).
+SIZE_LEVERS = ("tp_size", "pp_size", "dp_size", "attn_dp_size", "ep_size", "nnodes")
 
 
 def _int(levers: Mapping[str, Any], name: str, default: int) -> int:
@@ -35,7 +43,7 @@ def _int(levers: Mapping[str, Any], name: str, default: int) -> int:
         return default
     try:
         return int(float(value))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: "1e400", Infinity
         return default
 
 
@@ -89,40 +97,64 @@ class Layout:
         """Independent KV pools (request schedulers): replicas × attention-DP groups."""
         return self.dp_size * self.attn_dp_size
 
-    @property
-    def gpu_ids(self) -> tuple[int, ...]:
-        """The GPU id of each rank (replica-major, then PP, then TP), relative to the
-        visible GPUs."""
+    def gpu_id(self, rank: int) -> int:
+        """The GPU id of scheduler ``rank`` (replica-major, then PP, then TP), relative to
+        the visible GPUs: arithmetic, so a request's absurd size never builds a list."""
         tp, pp, step = self.tp_size, self.pp_size, max(1, self.gpu_id_step)
-        return tuple(
-            self.base_gpu_id + replica * tp * pp * step + pp_rank * tp + tp_rank * step
-            for replica in range(self.dp_size)
-            for pp_rank in range(pp)
-            for tp_rank in range(tp)
-        )
+        replica, rest = divmod(rank, tp * pp)
+        pp_rank, tp_rank = divmod(rest, tp)
+        return self.base_gpu_id + replica * tp * pp * step + pp_rank * tp + tp_rank * step
 
     @property
     def gpus_needed(self) -> int:
-        """Visible GPUs the server needs: its highest GPU id + 1."""
-        return max(self.gpu_ids) + 1
+        """Visible GPUs the server needs: its highest GPU id + 1 (the last rank's id: every
+        term of ``gpu_id`` grows with the rank's coordinates)."""
+        return self.gpu_id(self.ranks - 1) + 1
 
     @property
     def ranks_per_gpu(self) -> int:
-        """The most ranks placed on one GPU (1 unless the ids collide)."""
-        return max(Counter(self.gpu_ids).values())
+        """The most ranks placed on one GPU (1 unless the ids collide).
+
+        Replicas never share a GPU (one spans fewer than ``tp × pp × step`` ids). Inside a
+        replica, ranks ``(p, t)`` and ``(p + k·step/g, t - k·tp/g)`` share one, with
+        ``g = gcd(tp, step)``: a chain holds at most ``g`` TP ranks and ``⌈pp / (step/g)⌉``
+        PP ranks. Computed, not counted: the sizes come from a request."""
+        step = max(1, self.gpu_id_step)
+        g = math.gcd(self.tp_size, step)
+        return min(g, -(-self.pp_size // (step // g)))
+
+    def gpu_ids_outside(self, count: int, limit: int = 8) -> list[int]:
+        """Up to ``limit`` of the GPU ids ≥ ``count`` that ranks sit on, lowest first. Only a
+        layout of at most ``MAX_RANKS`` ranks is walked; a larger one names its highest id
+        (it is refused for its size anyway, see ``size_problems``)."""
+        if self.gpus_needed <= count:
+            return []
+        if self.ranks > MAX_RANKS:
+            return [self.gpus_needed - 1]
+        return sorted({g for r in range(self.ranks) if (g := self.gpu_id(r)) >= count})[:limit]
+
+    def _id_span(self) -> str:
+        first, last = self.base_gpu_id, self.gpus_needed - 1
+        if first == last:
+            return str(first)
+        dense = self.ranks == last - first + 1 and self.ranks_per_gpu == 1
+        if dense:
+            return f"{first}-{last}"
+        if self.ranks <= 16:
+            return str(sorted({self.gpu_id(r) for r in range(self.ranks)}))
+        return f"{first} to {last} (not contiguous)"
+
+    def describe_sizes(self) -> str:
+        """``tp_size 8 × pp_size 1 × dp_size 1``."""
+        return f"tp_size {self.tp_size} × pp_size {self.pp_size} × dp_size {self.dp_size}"
 
     def describe(self) -> str:
         """``tp_size 8 × pp_size 1 × dp_size 1 = 8 ranks (attention DP 8 inside TP) on GPU
         ids 0-7``: the arithmetic behind ``ranks`` and ``gpus_needed``."""
-        parts = f"tp_size {self.tp_size} × pp_size {self.pp_size} × dp_size {self.dp_size}"
-        text = f"{parts} = {self.ranks} ranks"
+        text = f"{self.describe_sizes()} = {self.ranks} ranks"
         if self.attn_dp_size > 1:
             text += f" (attention DP {self.attn_dp_size} inside TP, no extra GPU)"
-        ids = sorted(set(self.gpu_ids))
-        span = f"{ids[0]}-{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) else str(ids)
-        if len(ids) == 1:
-            span = str(ids[0])
-        text += f" on GPU ids {span}"
+        text += f" on GPU ids {self._id_span()}"
         if self.base_gpu_id or self.gpu_id_step != 1:
             text += f" (base_gpu_id {self.base_gpu_id}, gpu_id_step {self.gpu_id_step})"
         return text
@@ -152,6 +184,37 @@ class Layout:
         if self.gpu_id_step < 1:
             out.append(("gpu_id_step", f"gpu_id_step {self.gpu_id_step} must be ≥ 1"))
         return out
+
+
+def size_problems(levers: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(lever, message) for a parallel size, or a rank count, above ``MAX_RANKS``: refused
+    before anything is sized by it (milliseconds, no memory growth)."""
+    out: list[tuple[str, str]] = []
+    for name in SIZE_LEVERS:
+        value = _int(levers, name, 1)
+        if value > MAX_RANKS:
+            out.append(
+                (
+                    name,
+                    f"{name} {value} is more than any one server can have: at most "
+                    f"{MAX_RANKS} (a host holds a few dozen GPUs); set the number of GPUs "
+                    "the server should use",
+                )
+            )
+    if out:
+        return out
+    shape = Layout.of(levers)
+    if shape.ranks > MAX_RANKS:
+        sizes = {"tp_size": shape.tp_size, "pp_size": shape.pp_size, "dp_size": shape.dp_size}
+        largest = max(sizes, key=lambda k: sizes[k])
+        out.append(
+            (
+                largest,
+                f"{shape.describe_sizes()} = {shape.ranks} ranks, more than any one server "
+                f"can have: at most {MAX_RANKS}; lower tp_size, pp_size or dp_size",
+            )
+        )
+    return out
 
 
 def layout(levers: Mapping[str, Any]) -> Layout:

@@ -126,7 +126,7 @@ def check_gpu_ids(levers: Mapping[str, Any], managed_count: int) -> list[tuple[s
     shape = Layout.of(levers)
     if shape.base_gpu_id < 0 or shape.gpu_id_step < 1:
         return []  # range_problems names these
-    outside = sorted({g for g in shape.gpu_ids if g >= managed_count})
+    outside = shape.gpu_ids_outside(managed_count)
     if not outside:
         return []
     plain = Layout.of({k: v for k, v in levers.items() if k not in ("base_gpu_id", "gpu_id_step")})

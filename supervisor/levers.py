@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor import lever_limits
+from supervisor.layout import size_problems
 from supervisor.lever_limits import shown, text_problem
 from supervisor.schema import FlagSchema, FlagSpec, normalize_name
 
@@ -285,6 +286,7 @@ def check_levers(levers: LeverSet, schema: FlagSchema, *, complete: bool = False
         assert v is not None
         canon[spec.dest] = v
     problems.extend(LeverProblem(n, m) for n, m in lever_limits.range_problems(canon))
+    problems.extend(LeverProblem(n, m) for n, m in size_problems(canon))
     if complete:
         problems.extend(LeverProblem(n, m) for n, m in lever_limits.required_problems(canon))
     env: dict[str, str] = {}

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ class CdpError(RuntimeError):
 class Browser:
     """One headless Chromium; :meth:`page` opens a tab to drive."""
 
-    def __init__(self, binary: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, binary: str, *, timeout_s: float = 30.0, flags: Sequence[str] = ()) -> None:
         self.timeout_s = timeout_s
         self.profile = tempfile.mkdtemp(prefix="sgs-chromium-")
         to_browser_r, self._to_browser = os.pipe()
@@ -67,7 +68,7 @@ class Browser:
             os.dup2(from_browser_w, 4)
 
         self.proc = subprocess.Popen(
-            [binary, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
+            [binary, *CHROMIUM_FLAGS, *flags, f"--user-data-dir={self.profile}", "about:blank"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

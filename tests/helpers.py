@@ -19,6 +19,8 @@ import psutil
 T = TypeVar("T")
 TEST_INSTANCE_PREFIX = "sgs-test"
 TAG_ENV = "SGLANG_SUPERVISOR_INSTANCE"
+#: What every client of the daemon sends (a POST without it is refused: docs/api.md).
+JSON_HEADERS = {"Content-Type": "application/json"}
 #: Launch-tag prefixes of everything this test session started: the suite-wide guard
 #: checks these (not every "sgs-test" tag: another session may be running beside us).
 SESSION_TAG_PREFIXES: set[str] = set()
@@ -157,7 +159,11 @@ class Daemon:
         self.config_path = tmp / "config.toml"
         write_toml(self.config_path, config)
         self.url = f"http://127.0.0.1:{self.port}"
-        self.client = httpx.Client(base_url=self.url, timeout=60, trust_env=False)
+        # The daemon refuses a POST without Content-Type: application/json (a page on
+        # another site cannot send one); every client says it, as the CLI does.
+        self.client = httpx.Client(
+            base_url=self.url, timeout=60, trust_env=False, headers=JSON_HEADERS
+        )
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = tmp / "daemon.log"
         #: Extra environment of the daemon process (e.g. its API token).

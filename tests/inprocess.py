@@ -37,7 +37,9 @@ async def api_client(
     app = create_app(
         rig.sup, token=token, metrics_public=metrics_public, max_body_bytes=max_body_bytes
     )
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = {"Content-Type": "application/json"}  # what the daemon needs on a POST
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50123))
     try:
         async with httpx.AsyncClient(

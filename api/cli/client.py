@@ -180,7 +180,11 @@ class Client:
         self.timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._abandoned = False
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # Content-Type on every call: the daemon refuses a POST without it (a web page
+        # cannot send it cross-site without a CORS preflight; docs/api.md).
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._token = token
         try:

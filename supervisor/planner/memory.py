@@ -57,6 +57,13 @@ def prefill_graph_sizes(max_bs: int) -> list[int]:
     return [s for s in sizes if s <= max_bs]
 
 
+def prefill_graph_count(max_bs: int) -> int:
+    """``len(prefill_graph_sizes(max_bs))`` without building the list: ``max_bs`` comes
+    from a lever (``cuda_graph_max_bs_prefill``, ``chunked_prefill_size``) and may be huge."""
+    small = prefill_graph_sizes(min(max_bs, 4096))
+    return len(small) + len(range(4608, max_bs + 1, 512))
+
+
 def decode_graph_sizes(max_bs: int) -> list[int]:
     """The batch sizes SGLang captures decode graphs for, up to ``max_bs``."""
     sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
@@ -68,6 +75,8 @@ def decode_graph_sizes(max_bs: int) -> list[int]:
 
 def round_up_graph_bs(n: int) -> int:
     """The smallest default capture size ≥ ``n`` (so the whole batch replays a graph)."""
+    if n > 1024 + 32:
+        return n  # decode_graph_sizes(n) ends with n itself; never list up to a huge n
     for size in decode_graph_sizes(max(n, 1024 + 32)):
         if size >= n:
             return size
@@ -176,7 +185,7 @@ def sglang_reserve(gpu_bytes: int, levers: Mapping[str, Any], is_mla: bool) -> R
             cap = parse_count(levers.get("max_total_tokens"))
             if cap is not None:
                 prefill_bs = min(prefill_bs, cap)
-            parts["prefill_graphs"] = len(prefill_graph_sizes(prefill_bs)) * 8.0
+            parts["prefill_graphs"] = prefill_graph_count(prefill_bs) * 8.0
         breakable = str(levers.get("cuda_graph_backend_prefill") or "breakable") == "breakable"
         if breakable and deepep(levers):
             parts["deepep_prefill"] = 1024.0

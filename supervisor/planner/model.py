@@ -180,7 +180,8 @@ def _layer_kinds(cfg: Mapping[str, Any], layers: int) -> tuple[int, int, int | N
     interval = _cfg_opt_int(cfg, "full_attention_interval")
     if interval and interval > 0 and "linear_num_value_heads" in cfg:
         # qwen3_next.py:259-268: layer l is full attention when (l + 1) % interval == 0.
-        full = sum(1 for i in range(layers) if (i + 1) % interval == 0)
+        # Counted, not walked: num_hidden_layers comes from a request's config_json.
+        full = layers // interval
         return 0, layers - full, full
     return 0, 0, None
 

@@ -185,7 +185,8 @@ class Launcher:
         """Spawn, load, become ready and serve; return when a stop signal arrives."""
         self._check_gpus()
         cfg = self.cfg
-        gpus = [self.env.visible_gpus[cfg.layout.gpu_ids[r]] for r in range(cfg.num_ranks)]
+        # _check_gpus has bounded the ranks by the visible GPUs: one child per rank is safe.
+        gpus = [self.env.visible_gpus[cfg.layout.gpu_id(r)] for r in range(cfg.num_ranks)]
         self._children.spawn(gpus, self.rank_bytes)
         if self._children.wait_registered(self._wait):
             return

@@ -52,6 +52,10 @@ EXPECTED: dict[tuple[str, str], set[int]] = {
     ("get", "/events"): {200, 401, 422},
     ("post", "/plan"): {200, 401, 413, 422},
 }
+# Every route: an unknown query parameter (422) and a Host that does not name the daemon
+# (421); every POST: a foreign Origin (403) and a Content-Type that is not JSON (415).
+for (_method, _path), _codes in EXPECTED.items():
+    _codes |= {421, 422} | ({403, 415} if _method == "post" else set())
 
 
 def documented(doc: dict[str, Any]) -> dict[tuple[str, str], set[int]]:
@@ -263,6 +267,15 @@ async def _check(client: httpx.AsyncClient, rig: Rig, app: Any) -> None:
     await state_is(rig, "ready")
     # The fake server's model is nowhere on disk: the plan gets the model's config inline.
     await call("post", "/plan", "/plan", json={"config_json": LLAMA_CONFIG})
+
+    # What api.request_guard refuses before any route runs, on every route.
+    for method, route in EXPECTED:
+        url = route.replace("{op_id}", "x")
+        await call(method, route, url, params={"no_such_parameter": 1})  # 422
+        await call(method, route, f"http://evil.example:1{url}")  # 421
+        if method == "post":
+            await call(method, route, url, headers={"Origin": "http://evil.example"})  # 403
+            await call(method, route, url, headers={"Content-Type": "text/plain"})  # 415
 
     never = {k: sorted(EXPECTED[k] - v) for k, v in seen.items() if EXPECTED[k] - v}
     assert not never, f"documented but never answered: {never}"

@@ -11,13 +11,14 @@ replicas), ``arg_groups/validation_hook.py:204-205`` (base_gpu_id ≥ 0, gpu_id_
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
 
 from supervisor import planner, preflight
 from supervisor.gpu import GpuInfo
-from supervisor.layout import Layout
+from supervisor.layout import Layout, size_problems
 from supervisor.levers import LeverSet
 from supervisor.sim.server import ServerConfig, build_parser
 
@@ -47,9 +48,13 @@ def _check(levers: dict[str, Any], gpus: int) -> list[str]:
     return [f"{p.lever}: {p.message}" for p in problems]
 
 
+def _ids(shape: Layout) -> tuple[int, ...]:
+    return tuple(shape.gpu_id(r) for r in range(shape.ranks))
+
+
 def _sim_ranks(argv: list[str]) -> tuple[int, tuple[int, ...]]:
     cfg = ServerConfig.from_namespace(build_parser().parse_args(["--model-path", "m", *argv]))
-    return cfg.num_ranks, cfg.layout.gpu_ids
+    return cfg.num_ranks, _ids(cfg.layout)
 
 
 @pytest.mark.parametrize(
@@ -77,7 +82,7 @@ def test_layout_matches_sglang_placement(
     levers: dict[str, Any], ranks: int, gpus: int, attn_dp: int, ids: tuple[int, ...]
 ) -> None:
     shape = Layout.of(levers)
-    assert (shape.ranks, shape.gpus_needed, shape.attn_dp_size, shape.gpu_ids) == (
+    assert (shape.ranks, shape.gpus_needed, shape.attn_dp_size, _ids(shape)) == (
         ranks,
         gpus,
         attn_dp,
@@ -149,3 +154,34 @@ def test_host_pool_is_pinned_once_per_rank_not_per_attention_dp_group() -> None:
         "hicache_size": 10,
     }
     assert preflight.pinned_host_bytes(levers, H200) == 8 * 10 * preflight.GB
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize("pp", [1, 2, 3, 5])
+@pytest.mark.parametrize("step", [1, 2, 3, 4, 6])
+def test_ranks_per_gpu_is_computed_as_counting_would(tp: int, pp: int, step: int) -> None:
+    """The closed form (no enumeration: the sizes come from requests) against a count."""
+    shape = Layout.of({"tp_size": tp, "pp_size": pp, "dp_size": 2, "gpu_id_step": step})
+    counted = Counter(_ids(shape))
+    assert shape.ranks_per_gpu == max(counted.values())
+    assert shape.gpus_needed == max(counted) + 1
+
+
+@pytest.mark.parametrize(
+    ("levers", "lever"),
+    [
+        ({"tp_size": 10**12}, "tp_size"),
+        ({"tp_size": 1000, "pp_size": 1000, "dp_size": 1000}, "tp_size"),
+        ({"dp_size": 2000}, "dp_size"),
+        ({"tp_size": 8, "pp_size": 8, "dp_size": 32}, "dp_size"),
+    ],
+)
+def test_absurd_sizes_are_refused_without_sizing_anything(
+    levers: dict[str, Any], lever: str
+) -> None:
+    """Arithmetic only: a layout of 10**12 ranks answers at once (issue 19 §1)."""
+    shape = Layout.of(levers)
+    assert shape.gpus_needed == shape.gpu_id(shape.ranks - 1) + 1
+    assert shape.gpu_ids_outside(8)  # names an id without walking the ranks
+    assert "ranks" in shape.describe()
+    assert lever in [name for name, _ in size_problems(levers)]

@@ -133,7 +133,9 @@ def test_restart_with_a_foreign_process_on_a_gpu_is_refused_before_the_stop(
         assert state_of(rig) == S.READY
         app = create_app(rig.sup)
         transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://t", headers={"Content-Type": "application/json"}
+        ) as client:
             r = await client.post("/restart")
         assert r.status_code == 422
         assert "pid 99999" in r.text

@@ -256,7 +256,9 @@ def test_cancel_route_answers_202_404_409(tmp_path: Path) -> None:
         await rig.start_ready()
         app = create_app(rig.sup)
         transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://t", headers={"Content-Type": "application/json"}
+        ) as client:
             rig.procs.plan(Behaviour(never_ready=True))
             r = await client.post("/levers", json={"levers": {"mem_fraction_static": 0.9}})
             op_id = r.json()["operation"]["id"]
