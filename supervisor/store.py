@@ -13,11 +13,13 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from supervisor.diskspace import describe_os_error
 from supervisor.levers import LeverSet
 
 log = logging.getLogger(__name__)
@@ -151,26 +153,46 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: Flags for every file the daemon creates in the state directory: never through a
+#: symbolic link someone planted there (the daemon may run as root).
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so a reader sees the old or the new content, never half.
 
-    Raises ``StoreError`` (the old file intact) when the disk is full or not writable.
+    The temporary file gets a random name in the same directory and is created
+    exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``, mode 0600): a file or symbolic link
+    planted under a predictable name is never written through. The rename then replaces
+    the directory entry ``path`` itself — a symbolic link there is replaced, never
+    followed. Raises ``StoreError`` (the old file intact) when the disk is full or not
+    writable; the message names the path and the disk.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp: Path | None = None
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        tmp = Path(name)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        tmp = None
         _fsync_dir(path.parent)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
         raise StoreError(
-            f"cannot write {path}: {exc.strerror or exc} — the previous state is kept; "
-            "free disk space or fix permissions on the state directory"
+            f"cannot write {path}: {describe_os_error(path, exc)} — the previous state is "
+            "kept; free disk space or fix permissions on the state directory"
         ) from exc
+
+
+def open_append(path: Path) -> int:
+    """A descriptor appending to ``path`` (created 0600), refusing a symbolic link there
+    (``ELOOP``): logs the daemon writes as root never land in a file a link points to."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o600)
 
 
 def _envelope(data: dict[str, Any]) -> str:
@@ -249,7 +271,7 @@ class Store:
                 size = path.stat().st_size if path.exists() else 0
                 if size and size + len(line.encode()) > HISTORY_MAX_BYTES:
                     self._rotate_history(path)
-                with open(path, "a", encoding="utf-8") as f:
+                with os.fdopen(open_append(path), "a", encoding="utf-8") as f:
                     f.write(line)
             except OSError as exc:
                 log.warning("cannot append to %s: %s", path, exc)

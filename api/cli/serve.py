@@ -28,7 +28,8 @@ DESCRIPTION = (
     "now, the release still verified). SIGHUP reloads the token file, the timeouts, "
     "keep_server_on_exit and the log level without touching the server. Exit 0 stopped "
     "cleanly; 1 the API could not listen or the GPUs could not be verified released; 2 a "
-    "configuration it refuses."
+    "configuration it refuses; 3 a state directory it cannot write (systemd does not "
+    "restart on 2 or 3)."
 )
 
 

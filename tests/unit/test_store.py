@@ -217,7 +217,7 @@ def test_unwritable_state_dir_raises_store_error(
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
-    monkeypatch.setattr("supervisor.store.open", refuse, raising=False)
+    monkeypatch.setattr("supervisor.store.tempfile.mkstemp", refuse)
     with pytest.raises(StoreError, match=r"Permission denied.*the previous state is kept"):
         store.save(state(NEWER))
     monkeypatch.undo()
@@ -243,3 +243,42 @@ def test_history_is_appended_one_json_line_per_operation(tmp_path: Path) -> None
     store.append_history({"id": "b", "state": "rolled_back"})
     lines = (tmp_path / "operations.jsonl").read_text().splitlines()
     assert [json.loads(line)["id"] for line in lines] == ["a", "b"]
+
+
+def test_a_disk_full_error_names_the_mount_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20 §4: a full disk names the disk (its mount point), not only the file."""
+    from supervisor.diskspace import mount_point
+
+    store = Store(tmp_path)
+    monkeypatch.setattr(os, "fsync", _disk_full)
+    with pytest.raises(StoreError) as info:
+        store.save(state(GOOD))
+    assert f"mounted at {mount_point(tmp_path)}" in str(info.value)
+    assert str(tmp_path / STATE_FILE) in str(info.value)
+
+
+def test_planted_links_are_never_written_through(tmp_path: Path) -> None:
+    """Issue 20 §4: the temporary file's name was predictable (``.state.json.<pid>.tmp``)
+    and opened following links, so a link planted there made the daemon (root) overwrite
+    the file it pointed to. Now neither the temporary name nor the final path, nor
+    operations.jsonl, writes through a link."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    state_dir = tmp_path / "state"
+    store = Store(state_dir)
+    (state_dir / f".{STATE_FILE}.{os.getpid()}.tmp").symlink_to(victim)
+    store.save(state(GOOD))
+    assert victim.read_text() == "precious\n"
+    (state_dir / STATE_FILE).unlink()
+    (state_dir / STATE_FILE).symlink_to(victim)
+    store.save(state(NEWER))
+    assert victim.read_text() == "precious\n"
+    assert not (state_dir / STATE_FILE).is_symlink()
+    assert Store(state_dir).load().levers == NEWER
+    (state_dir / "operations.jsonl").symlink_to(victim)
+    store.append_history({"id": "x"})
+    assert victim.read_text() == "precious\n"
+    made = [p for p in state_dir.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
+    assert made == []
