@@ -27,7 +27,7 @@ from api.responses import (
     StatusAnswer,
     problem,
 )
-from supervisor.engine import Busy, NoSuchOperation, OperationFinished, Supervisor
+from supervisor.engine import Busy, NoSuchOperation, NotCancellable, OperationFinished, Supervisor
 from supervisor.levers import LeverError
 from supervisor.metrics import SupervisorMetrics
 from supervisor.operations import Operation
@@ -215,7 +215,10 @@ async def get_operation(op_id: str, sup: SupervisorDep) -> dict[str, Any]:
     responses={
         **OPERATION_ANSWERS,
         404: NOT_FOUND,
-        409: problem("the operation has already ended (it is in detail.operation)"),
+        409: problem(
+            "the operation has already ended, or is rolling back and cannot be cancelled "
+            "(it is in detail.operation)"
+        ),
     },
 )
 async def cancel_operation(
@@ -223,14 +226,16 @@ async def cancel_operation(
 ) -> JSONResponse:
     """End a running operation at its next phase boundary: a hung start or a long drain
     stops waiting and rolls back (see ``Supervisor.request_cancel``). 404 unknown id;
-    409 when it has already ended."""
+    409 when it has already ended, or when its rollback (or containment) has begun: a
+    cancel then would tear down the last-good server being started."""
     try:
         op = sup.request_cancel(op_id)
     except NoSuchOperation as exc:
         audit(request.scope, "cancel", outcome="unknown", operation=op_id)
         raise HTTPException(404, detail={"message": str(exc)}) from exc
-    except OperationFinished as exc:
-        audit(request.scope, "cancel", outcome="finished", operation=op_id)
+    except (OperationFinished, NotCancellable) as exc:
+        outcome = "finished" if isinstance(exc, OperationFinished) else "not_cancellable"
+        audit(request.scope, "cancel", outcome=outcome, operation=op_id)
         raise HTTPException(
             409, detail={"message": str(exc), "operation": redact(exc.operation.to_json())}
         ) from exc

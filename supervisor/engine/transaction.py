@@ -94,9 +94,21 @@ async def drain_or_cancel(sup: Supervisor, op: Operation, drain_s: float) -> boo
     return True
 
 
+def no_cancel_from_here(op: Operation, what: str) -> None:
+    """From here on ``op`` puts the last-good levers back: a cancel would tear down the
+    server it is starting and leave nothing serving, so it is refused (409), and one
+    that arrived just before (right after a failed start) is dropped: rolling back is
+    what it asked for."""
+    op.not_cancellable = f"{what} has begun (a cancel now would leave nothing serving)"
+    if op.cancel_requested is not None:
+        op.cancel_requested = None
+        op.wake.clear()  # set for the dropped cancel only (a shutdown is seen by its flag)
+
+
 async def roll_back(sup: Supervisor, op: Operation, reason: str) -> None:
     """The new levers failed: stop them, release, start the last-good levers (and put
-    them back in the router)."""
+    them back in the router). Not cancellable (``no_cancel_from_here``)."""
+    no_cancel_from_here(op, "the rollback to the last-good levers")
     if sup.router.enabled and sup.server is not None:
         await routing.leave(sup, op, prefix=PhasePrefix.ROLLBACK)
     if not await stop_and_release(sup, op, "roll back", S.STOPPED, prefix=PhasePrefix.ROLLBACK):
@@ -297,6 +309,7 @@ async def contain(sup: Supervisor, op: Operation, exc: Exception) -> None:
     reason when that fails too. A shutdown in progress does the teardown itself."""
     why = f"internal error: {type(exc).__name__}: {exc}"
     op.rollback_reason = why
+    no_cancel_from_here(op, "the containment of an internal error")
     if sup.shutdown_requested:
         op.finish(FAILED, why)
         return
