@@ -71,7 +71,8 @@ class Journal:
             await self._save_quietly()
 
     async def record_operator_stop(self, op_id: str) -> None:
-        """An operator stopped the server: it stays stopped across daemon restarts."""
+        """An operator asked for a stop (recorded before anything is stopped): the server
+        stays stopped across daemon restarts, even one in the middle of the stop."""
         self._state.stopped_by = op_id
         await self._save_quietly()
 

@@ -103,7 +103,9 @@ async def initial_start(sup: Supervisor, op: Operation) -> None:
     """Adopt the recorded server if it is healthy; else clear leftovers and launch."""
     persisted = sup.journal.recorded
     record = persisted.server
-    if record is not None and await try_adopt(sup, op, record):
+    # An operator's stop that the last daemon did not finish (it died mid-stop) is
+    # finished, not undone: its server is torn down with the leftovers below.
+    if record is not None and persisted.stopped_by is None and await try_adopt(sup, op, record):
         return
     # Leftovers of an earlier daemon (same instance tag) go first, so the baseline is
     # measured with nothing of ours on the GPUs.

@@ -197,10 +197,13 @@ async def drain(sup: Supervisor, op: Operation, timeout_s: float) -> None:
 
 async def stop(sup: Supervisor, op: Operation) -> None:
     """An operator's stop: out of the router and drained (with [router]), tear down,
-    verify release, stay stopped (and out of the router)."""
+    verify release, stay stopped (and out of the router).
+
+    The intent is recorded first: a daemon that dies in the middle of the stop leaves
+    the server stopped (its successor finishes the teardown instead of adopting it)."""
+    await sup.journal.record_operator_stop(op.id)  # stays stopped across daemon restarts
     await routing.leave_and_drain(sup, op)
     if await stop_and_release(sup, op, f"operator stop ({op.id})", S.STOPPED):
-        await sup.journal.record_operator_stop(op.id)  # stays stopped across daemon restarts
         op.levers_effective = None
         op.finish(SUCCEEDED)
     else:

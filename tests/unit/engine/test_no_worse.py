@@ -17,8 +17,17 @@ from api.app import create_app
 from supervisor.engine import NotCancellable
 from supervisor.operations import ROLLED_BACK, Operation
 from supervisor.phases import PhaseName, PhasePrefix, prefixed
-from tests.unit.engine.common import HELD_PER_RANK, S, settle, state_of
-from tests.unit.fakes import INITIAL_LEVERS, Behaviour, make_rig, run, until
+from supervisor.store import Store
+from tests.unit.engine.common import HELD_PER_RANK, S, nothing_held, settle, state_of
+from tests.unit.fakes import (
+    INITIAL_LEVERS,
+    Behaviour,
+    FakeProbe,
+    FakeProcessOps,
+    make_rig,
+    run,
+    until,
+)
 
 ROLLBACK_START = prefixed(PhasePrefix.ROLLBACK, PhaseName.START)
 
@@ -90,3 +99,55 @@ def test_a_cancel_sent_right_after_the_failed_start_does_not_stop_the_rollback(
         await rig.sup.shutdown()
 
     run(main)
+
+
+def test_an_operators_stop_is_recorded_before_it_stops_anything(tmp_path: Path) -> None:
+    """Before: ``stopped_by`` was written once the stop had completed, so a daemon that
+    died mid-stop left no trace of it and its successor launched the server again."""
+    rig = make_rig(tmp_path, stop_grace_s=1.0)
+
+    async def main() -> None:
+        await rig.start_ready()
+        rig.procs.handles[0].behaviour.ignore_sigterm = True  # a teardown that takes a while
+        op = rig.sup.submit_stop()
+        await until(lambda: state_of(rig) == S.STOPPING, what="the stop's teardown")
+        assert Store(tmp_path).load().stopped_by == op.id
+        await settle(rig, op, timeout=5.0)
+        await rig.sup.shutdown()
+
+    run(main)
+
+
+def test_a_daemon_that_died_mid_stop_is_succeeded_by_one_that_finishes_the_stop(
+    tmp_path: Path,
+) -> None:
+    """The stop was recorded, the daemon died before its teardown: the server still
+    runs. The next daemon must not adopt it (the operator asked for a stop): it tears it
+    down and stays stopped until an operator starts it."""
+    procs = FakeProcessOps(FakeProbe())
+    first = make_rig(tmp_path, procs=procs)
+
+    async def before() -> None:
+        await first.start_ready()
+        await first.sup.journal.record_operator_stop("op-the-operator-sent")
+        # The loop ends here without shutdown(): the daemon was SIGKILLed mid-stop.
+
+    run(before)
+    alive = procs.handles[0]
+    assert alive.returncode is None
+    second = make_rig(tmp_path, procs=procs, settings=first.settings)
+
+    async def after() -> None:
+        await second.sup.start()
+        op = second.sup.operation
+        assert op is not None
+        await settle(second, op)
+        assert alive.returncode is not None  # torn down, not adopted
+        assert len(procs.spawns) == 1  # nothing launched
+        status = await second.sup.status()
+        assert status["state"] == "stopped" and status["server"] is None
+        assert "op-the-operator-sent" in str([p.detail for p in op.phases])
+        assert nothing_held(second)
+        await second.sup.shutdown()
+
+    run(after)
