@@ -137,10 +137,29 @@ async def initial_start(sup: Supervisor, op: Operation) -> None:
         )
         await sup.journal.clear_pending(save=False)
     if not await launch_until_ready(sup, op, sup.levers, probation=False):
-        await recover(sup, op, op.rollback_reason or "the initial start failed")
+        if op.cancelled is not None:
+            await cancelled_start_up(sup, op)
+        else:
+            await recover(sup, op, op.rollback_reason or "the initial start failed")
         return
     await routing.join(sup, op)
     await commit(sup, op, sup.levers)
+
+
+async def cancelled_start_up(sup: Supervisor, op: Operation) -> None:
+    """An operator cancelled the daemon's own start-up launch: that is a stop, not a
+    crash. Tear it down, stay stopped (across daemon restarts too, as after a stop) and
+    say so; nothing is relaunched."""
+    why = (
+        f"{op.cancelled}: the start-up launch was torn down and the server stays stopped; "
+        "POST /start to start it"
+    )
+    await sup.journal.record_operator_stop(op.id)
+    if await stop_and_release(sup, op, why, S.STOPPED, prefix=PhasePrefix.CLEANUP):
+        op.levers_effective = None
+        op.finish(FAILED, why)
+    else:
+        op.finish(FAILED, f"{why}; then the server could not be released: {sup.state_reason}")
 
 
 async def try_adopt(sup: Supervisor, op: Operation, record: RecordedServer) -> bool:
@@ -220,8 +239,9 @@ async def try_adopt(sup: Supervisor, op: Operation, record: RecordedServer) -> b
 
 async def finish_probation(sup: Supervisor, op: Operation, handle: ServerHandle) -> bool:
     """The interrupted apply's server is ready, but its probation never ended: watch it
-    for the whole window now; untested levers never become last-good. On a failure, roll
-    back to the last-good levers (False)."""
+    for the whole window now; untested levers never become last-good. On a failure or an
+    operator's cancel, roll back to the last-good levers and clear the pending apply
+    (False)."""
     if sup.settings.timeouts.probation_s <= 0:
         return True
     ph = op.phase(PhaseName.PROBATION)
@@ -230,6 +250,15 @@ async def finish_probation(sup: Supervisor, op: Operation, handle: ServerHandle)
     except StartFailed as exc:
         ph.end(FAILED, str(exc))
         await roll_back(sup, op, f"the interrupted apply's new server failed probation: {exc}")
+        await sup.journal.clear_pending()
+        return False
+    except Cancelled as exc:
+        if exc.shutdown:
+            raise
+        # Cancelled like any apply's probation, whoever started it: the untested levers
+        # are rolled back and the pending apply cleared (else the next daemon commits them).
+        ph.end(FAILED, f"{exc} while pid {handle.pid} was in probation")
+        await roll_back(sup, op, f"the interrupted apply's probation: {exc}")
         await sup.journal.clear_pending()
         return False
     ph.end(SUCCEEDED, f"pid {handle.pid} still serving")

@@ -15,10 +15,17 @@ import pytest
 
 from api.app import create_app
 from supervisor.engine import NotCancellable
-from supervisor.operations import ROLLED_BACK, Operation
-from supervisor.phases import PhaseName, PhasePrefix, prefixed
+from supervisor.operations import FAILED, ROLLED_BACK, Operation
+from supervisor.phases import OpKind, PhaseName, PhasePrefix, prefixed
 from supervisor.store import Store
-from tests.unit.engine.common import HELD_PER_RANK, S, nothing_held, settle, state_of
+from tests.unit.engine.common import (
+    HELD_PER_RANK,
+    S,
+    launched,
+    nothing_held,
+    settle,
+    state_of,
+)
 from tests.unit.fakes import (
     INITIAL_LEVERS,
     Behaviour,
@@ -151,3 +158,87 @@ def test_a_daemon_that_died_mid_stop_is_succeeded_by_one_that_finishes_the_stop(
         await second.sup.shutdown()
 
     run(after)
+
+
+def test_cancelling_the_daemons_own_start_up_launch_stops_it_honestly(tmp_path: Path) -> None:
+    """Before: accepted (202), then relaunched after a backoff counted as a crash, and the
+    operation ended ``succeeded``. Now: torn down, stopped, the operation says cancelled,
+    nothing relaunched."""
+    rig = make_rig(tmp_path, ready_timeout_s=600.0, backoff_initial_s=0.01)
+
+    async def main() -> None:
+        rig.procs.plan(Behaviour(hold_ready=True))  # a model load that takes minutes
+        await rig.sup.start()
+        op = rig.sup.operation
+        assert op is not None and op.kind == OpKind.START
+        await until(lambda: launched(rig, 1), what="the start-up launch")
+        assert rig.sup.request_cancel(op.id) is op
+        await settle(rig, op, timeout=5.0)
+        assert op.state == FAILED
+        assert "cancelled by an operator" in (op.error or "")
+        assert "stays stopped" in (op.error or "")
+        assert PhaseName.BACKOFF not in [p.name for p in op.phases]
+        assert rig.procs.handles[0].returncode is not None
+        assert len(rig.procs.spawns) == 1  # no relaunch
+        assert state_of(rig) == S.STOPPED and rig.sup.restarts == 0
+        assert not rig.sup.crash_times
+        status = await rig.sup.status()
+        assert status["server"] is None
+        assert nothing_held(rig)
+        assert Store(tmp_path).load().stopped_by == op.id
+        await rig.sup.shutdown()
+
+    run(main)
+
+
+def test_cancelling_the_probation_an_adopting_daemon_finishes_rolls_it_back(
+    tmp_path: Path,
+) -> None:
+    """The daemon died in an apply's probation; the next one adopts the new server and
+    watches the rest of it; the operator cancels. Before: the untested server kept
+    serving while /status showed the last-good levers, the pending apply stayed, and the
+    next restart committed the cancelled levers."""
+    procs = FakeProcessOps(FakeProbe())
+    first = make_rig(tmp_path, procs=procs, probation_s=30.0)
+
+    async def before() -> None:
+        await first.start_ready()
+        await first.sup.submit_apply({"mem_fraction_static": 0.9}, {})
+        await until(lambda: len(procs.spawns) == 2 and first.sup.state == S.READY)
+        # The loop ends here, in probation, without shutdown(): the daemon was SIGKILLed.
+
+    run(before)
+    untested = procs.handles[1]
+    second = make_rig(tmp_path, procs=procs, settings=first.settings)
+
+    async def after() -> None:
+        await second.sup.start()
+        op = second.sup.operation
+        assert op is not None
+        await until(lambda: any(p.name == PhaseName.PROBATION for p in op.phases))
+        second.sup.request_cancel(op.id)
+        await settle(second, op, timeout=5.0)
+        assert op.state == ROLLED_BACK, op.error
+        assert "cancelled by an operator" in (op.rollback_reason or "")
+        assert untested.returncode is not None  # the untested server no longer serves
+        serving = procs.current()
+        assert serving is procs.handles[2]
+        argv = procs.spawns[2].argv
+        assert argv[argv.index("--mem-fraction-static") + 1] == "0.8"
+        status = await second.sup.status()
+        assert status["levers"] == INITIAL_LEVERS
+        persisted = Store(tmp_path).load()
+        assert persisted.pending_operation is None
+        assert persisted.last_good is not None
+        assert dict(persisted.last_good.levers) == INITIAL_LEVERS
+        await second.sup.shutdown(keep_server=True)
+
+    run(after)
+    third = make_rig(tmp_path, procs=procs, settings=first.settings)
+
+    async def later() -> None:
+        await third.start_ready()  # adopts the last-good server; commits nothing cancelled
+        assert (await third.sup.status())["levers"] == INITIAL_LEVERS
+        await third.sup.shutdown()
+
+    run(later)
