@@ -119,7 +119,7 @@ async def roll_back(sup: Supervisor, op: Operation, reason: str) -> None:
         op.finish(FAILED, f"{reason}; there are no last-good levers to roll back to")
         return
     rollback_start = prefixed(PhasePrefix.ROLLBACK, PhaseName.START)
-    if await launch_until_ready(sup, op, good, probation=False, phase=rollback_start):
+    if await start_last_good(sup, op, good, rollback_start):
         refused = await routing.join(sup, op, prefix=PhasePrefix.ROLLBACK)
         op.rollback_reason = reason
         op.levers_effective = good.to_json()
@@ -135,6 +135,32 @@ async def roll_back(sup: Supervisor, op: Operation, reason: str) -> None:
     )
     op.rollback_reason = reason
     op.finish(FAILED, f"{reason}; rolling back also failed: {second}")
+
+
+async def start_last_good(sup: Supervisor, op: Operation, good: LeverSet, phase: str) -> bool:
+    """Start the last-good levers; when their launcher was killed by a signal from
+    outside (SIGKILL by an operator or the OOM killer: not the levers' fault, they served
+    before), clean up and try exactly once more. False when it is still not ready
+    (``op.rollback_reason`` says why)."""
+    if await launch_until_ready(sup, op, good, probation=False, phase=phase):
+        return True
+    server = sup.server
+    code = None if server is None else server.handle.returncode
+    if code is None or code >= 0 or op.cancelled is not None or sup.shutdown_requested:
+        return False  # its own failure (an exit code), or nobody wants it any more
+    first = op.rollback_reason or "the last-good launcher was killed by a signal"
+    if not await stop_and_release(
+        sup,
+        op,
+        f"{first}; starting the last-good levers once more",
+        S.STOPPED,
+        prefix=PhasePrefix.CLEANUP,
+    ):
+        return False
+    if await launch_until_ready(sup, op, good, probation=False, phase=phase):
+        return True
+    op.rollback_reason = f"{op.rollback_reason} (the second try; the first: {first})"
+    return False
 
 
 async def commit(sup: Supervisor, op: Operation, levers: LeverSet) -> None:
@@ -324,7 +350,7 @@ async def contain(sup: Supervisor, op: Operation, exc: Exception) -> None:
         op.finish(FAILED, why)
         return
     rollback_start = prefixed(PhasePrefix.ROLLBACK, PhaseName.START)
-    if await launch_until_ready(sup, op, good, probation=False, phase=rollback_start):
+    if await start_last_good(sup, op, good, rollback_start):
         # The error may have come after the drain took the server out of the router.
         refused = await routing.join(sup, op, prefix=PhasePrefix.ROLLBACK)
         sup.levers = good

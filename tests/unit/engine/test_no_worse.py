@@ -242,3 +242,49 @@ def test_cancelling_the_probation_an_adopting_daemon_finishes_rolls_it_back(
         await third.sup.shutdown()
 
     run(later)
+
+
+def test_a_sigkill_of_the_rollbacks_launcher_is_retried_once(tmp_path: Path) -> None:
+    """Before: an external SIGKILL of the last-good launcher ended the apply ``failed``
+    with nothing serving. The last-good levers served before: one more try."""
+    rig = make_rig(tmp_path, ready_timeout_s=600.0)
+
+    async def main() -> None:
+        await rig.start_ready()
+        rig.procs.plan(Behaviour(exit_on_start=1), Behaviour(hold_ready=True))
+        op = await rig.sup.submit_apply({"mem_fraction_static": 0.99}, {})
+        await until(lambda: launched(rig, 3), what="the rollback's launch")
+        rig.procs.crash(rig.procs.handles[2], returncode=-9)  # kill -9 from outside
+        await settle(rig, op, timeout=5.0)
+        assert op.state == ROLLED_BACK, op.error
+        assert len(rig.procs.spawns) == 4
+        assert rig.procs.current() is rig.procs.handles[3]
+        assert state_of(rig) == S.READY
+        assert (await rig.sup.status())["levers"] == INITIAL_LEVERS
+        await rig.sup.shutdown()
+
+    run(main)
+
+
+def test_the_retry_of_the_rollback_is_bounded(tmp_path: Path) -> None:
+    """Killed twice: ``failed`` after exactly one retry, both reasons named."""
+    rig = make_rig(tmp_path, ready_timeout_s=600.0)
+
+    async def main() -> None:
+        await rig.start_ready()
+        rig.procs.plan(
+            Behaviour(exit_on_start=1), Behaviour(hold_ready=True), Behaviour(hold_ready=True)
+        )
+        op = await rig.sup.submit_apply({"mem_fraction_static": 0.99}, {})
+        for n in (3, 4):
+            await until(lambda n=n: launched(rig, n), what=f"launch {n}")  # type: ignore[misc]
+            rig.procs.crash(rig.procs.handles[n - 1], returncode=-9)
+        await settle(rig, op, timeout=5.0)
+        assert op.state == FAILED
+        assert len(rig.procs.spawns) == 4
+        assert "the second try" in (op.error or "")
+        assert state_of(rig) == S.FAILED
+        assert nothing_held(rig)
+        await rig.sup.shutdown()
+
+    run(main)
