@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
 PREV_FILE = "state.prev.json"
+#: Persisted levers that stopped fitting the schema (an SGLang upgrade renamed a flag),
+#: kept for the operator instead of being overwritten by the next save.
+REJECTED_FILE = "state.rejected.json"
 HISTORY_FILE = "operations.jsonl"
 #: operations.jsonl is rotated before it grows past this (operations.jsonl.1 is the newest
 #: of the ``HISTORY_BACKUPS`` older files): the history stays bounded on disk.
@@ -245,6 +248,21 @@ class Store:
             state.load_warning = "; ".join(problems) + "; starting from the configured levers"
             log.error("%s", state.load_warning)
         return state
+
+    def load_previous(self) -> PersistedState | None:
+        """The previous copy (``state.prev.json``) alone; None when absent or damaged."""
+        try:
+            return PersistedState.from_json(_open_envelope(self.dir / PREV_FILE))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def keep_rejected(self, record: dict[str, Any]) -> Path:
+        """Write ``record`` (lever sets that do not fit, and why) to ``state.rejected.json``
+        atomically; returns its path. Raises ``StoreError``."""
+        path = self.dir / REJECTED_FILE
+        with self._lock:
+            atomic_write(path, _envelope(record))
+        return path
 
     def save(self, state: PersistedState) -> None:
         """Persist ``state`` atomically, keeping the replaced copy as the previous one."""

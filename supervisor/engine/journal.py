@@ -52,6 +52,22 @@ class Journal:
             self._warn(self._state.load_warning)
         return self._state
 
+    async def load_previous(self) -> PersistedState | None:
+        """The previous copy of the state (``state.prev.json``), for levers that fit when
+        the current ones no longer do; None when there is none."""
+        return await asyncio.to_thread(self.store.load_previous)
+
+    async def keep_rejected(self, record: dict[str, Any]) -> Path | None:
+        """Keep persisted levers that no longer fit in ``state.rejected.json`` (they would
+        be overwritten by the next save); its path, or None when it cannot be written
+        (then a warning says so)."""
+        try:
+            return await asyncio.to_thread(self.store.keep_rejected, record)
+        except StoreError as exc:
+            log.error("%s", exc)
+            self._warn(str(exc))
+            return None
+
     # ----------------------------------------------------------------- changing
 
     async def record_launch(self, handle: ServerHandle, levers: LeverSet) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from supervisor.backend import ServerHandle
+from supervisor.engine import persisted as persisted_levers
 from supervisor.engine import routing
 from supervisor.engine.checks import refuse_if_foreign, warm_resolution
 from supervisor.engine.server import (
@@ -60,9 +61,10 @@ async def prepare(sup: Supervisor) -> None:
             sup.warn(loaded.warning)
     sup.managed = await asyncio.to_thread(resolve_managed, sup, sup.settings.server.gpus)
     # Persisted levers were checked against the SGLang of their day: check them again
-    # against this one (an upgrade may have renamed a flag).
-    sup.last_good = recheck(sup, persisted.last_good, "last-good")
-    initial = sup.last_good or recheck(sup, persisted.levers, "persisted")
+    # against this one (an upgrade may have renamed a flag); misfits are kept, not lost.
+    choice = await persisted_levers.choose(sup, persisted)
+    sup.last_good = choice.last_good
+    initial = choice.levers
     if initial is None:
         configured = LeverSet(sup.settings.server.levers, sup.settings.server.env)
         try:
@@ -77,21 +79,6 @@ async def prepare(sup: Supervisor) -> None:
             "host's PID namespace): membership by pid is impossible, so release is "
             "decided by GPU memory alone"
         )
-
-
-def recheck(sup: Supervisor, levers: LeverSet | None, what: str) -> LeverSet | None:
-    if levers is None:
-        return None
-    try:
-        return check_levers(levers, sup.schema)
-    except LeverError as exc:
-        why = (
-            f"the {what} levers in {sup.journal.dir} do not fit SGLang "
-            f"{sup.schema.sglang_version} ({exc}); not using them"
-        )
-        log.error("%s", why)
-        sup.warn(why)
-        return None
 
 
 def resolve_managed(sup: Supervisor, names: list[str]) -> list[GpuInfo]:
