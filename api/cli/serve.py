@@ -97,14 +97,17 @@ def run_serve(args: argparse.Namespace) -> int:
     setup_logging(args.log_level or settings.log_level, getattr(args, "log_format", "text"))
     from api.daemon import serve  # the server side, only when serving
 
-    return run_until_stopped(
-        serve(
-            settings,
-            args.log_level,
-            signals=signals,
-            load_settings=lambda: settings_from_args(args),
+    try:
+        return run_until_stopped(
+            serve(
+                settings,
+                args.log_level,
+                signals=signals,
+                load_settings=lambda: settings_from_args(args),
+            )
         )
-    )
+    finally:
+        signals.ignore_from_now()  # exiting: a late signal must not change the exit status
 
 
 #: Name prefix of the daemon's worker threads (``asyncio.to_thread``).
