@@ -11,9 +11,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from supervisor import diskspace
 from supervisor.levers import LeverSet
+from supervisor.operations import FAILED
 from supervisor.store import REJECTED_FILE, PersistedState, Store
-from tests.unit.fakes import INITIAL_LEVERS, make_rig, run
+from tests.unit.engine.common import apply
+from tests.unit.fakes import INITIAL_LEVERS, Behaviour, make_rig, run
 
 GOOD = LeverSet({**INITIAL_LEVERS, "mem_fraction_static": 0.7})
 STALE = LeverSet({**INITIAL_LEVERS, "flag_removed_in_upgrade": 1})
@@ -66,3 +71,26 @@ def test_misfits_everywhere_start_the_configured_levers_and_stay_on_disk(
     for name in ("state.json", "state.prev.json"):
         assert "flag_removed_in_upgrade" not in (tmp_path / name).read_text()
     assert "flag_removed_in_upgrade" in (tmp_path / REJECTED_FILE).read_text()
+
+
+def test_a_start_that_fails_on_a_full_disk_names_the_disk_and_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: "exited with code 1" and an empty log tail. Now the disk (its mount
+    point) and the log's path are named, with what to do."""
+    rig = make_rig(tmp_path)
+
+    async def main() -> None:
+        await rig.start_ready()
+        monkeypatch.setattr(diskspace, "free_bytes", lambda path: 4096)  # the disk fills up
+        rig.procs.plan(Behaviour(exit_on_start=1), Behaviour(exit_on_start=1))
+        op = await apply(rig, {"mem_fraction_static": 0.9})
+        assert op.state == FAILED
+        error = op.error or ""
+        log_path = rig.procs.handles[1].log_path
+        assert f"the disk holding {log_path}" in error
+        assert f"mounted at {diskspace.mount_point(log_path)}" in error
+        assert "is full: 4096 bytes free; free space there" in error
+        await rig.sup.shutdown()
+
+    run(main)
