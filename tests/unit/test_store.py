@@ -282,3 +282,19 @@ def test_planted_links_are_never_written_through(tmp_path: Path) -> None:
     assert victim.read_text() == "precious\n"
     made = [p for p in state_dir.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
     assert made == []
+
+
+def test_a_link_planted_as_the_daemon_lock_is_refused_not_truncated(tmp_path: Path) -> None:
+    """The lock file is truncated and rewritten with the daemon's pid: through a planted
+    link, a daemon running as root truncated the file it pointed to."""
+    from api.state_lock import LOCK_FILE, lock_state_dir
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / LOCK_FILE).symlink_to(victim)
+    with pytest.raises(OSError) as info:
+        lock_state_dir(state_dir)
+    assert info.value.errno == errno.ELOOP
+    assert victim.read_text() == "precious\n"
