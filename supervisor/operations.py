@@ -144,4 +144,5 @@ class Operation:
             "log_tail": self.log_tail,
             "levers_requested": self.levers_requested,
             "levers_effective": self.levers_effective,
+            "not_cancellable": self.not_cancellable,
         }

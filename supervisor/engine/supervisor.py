@@ -298,8 +298,8 @@ class Supervisor:
             )
         if op.finished:
             raise OperationFinished(op)
-        if op.not_cancellable is not None:
-            raise NotCancellable(op, op.not_cancellable)
+        if op.not_cancellable is not None and op.cancelled is None:
+            raise NotCancellable(op, op.not_cancellable)  # (a repeat of an honoured one: ok)
         if op.cancel_requested is None and op.cancelled is None:
             op.cancel_requested = CANCEL_REASON.format(id=op.id)
             log.warning("operation %s (%s): cancel requested", op.id, op.kind)
