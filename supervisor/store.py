@@ -261,6 +261,13 @@ class Store:
         atomically; returns its path. Raises ``StoreError``."""
         path = self.dir / REJECTED_FILE
         with self._lock:
+            try:
+                earlier = _open_envelope(path)
+            except (OSError, ValueError, KeyError, TypeError):
+                earlier = None
+            if earlier is not None and earlier.get("sets") != record.get("sets"):
+                # Other misfits than the ones kept there (a second upgrade): keep those too.
+                os.replace(path, path.with_name(f"{path.stem}.prev{path.suffix}"))
             atomic_write(path, _envelope(record))
         return path
 

@@ -298,3 +298,34 @@ def test_a_link_planted_as_the_daemon_lock_is_refused_not_truncated(tmp_path: Pa
         lock_state_dir(state_dir)
     assert info.value.errno == errno.ELOOP
     assert victim.read_text() == "precious\n"
+
+
+def test_a_link_planted_as_a_server_log_is_not_written_through(tmp_path: Path) -> None:
+    """The server's log is opened O_NOFOLLOW: a link planted under the next log's name
+    is refused (the output then goes to the daemon's own log, as for a full disk)."""
+    from supervisor.process import spawn
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    log_path = tmp_path / "logs" / "server-1.log"
+    log_path.parent.mkdir()
+    log_path.symlink_to(victim)
+    launch = spawn(["/bin/sh", "-c", "echo from-the-server"], {}, tag="t.1", log_path=log_path)
+    assert launch.popen is not None
+    launch.popen.wait(10)
+    assert victim.read_text() == "precious\n"
+
+
+def test_rejected_levers_of_an_earlier_upgrade_are_kept_too(tmp_path: Path) -> None:
+    from supervisor.store import REJECTED_FILE
+
+    store = Store(tmp_path)
+    first = {"rejected_at": 1.0, "sets": {"state.json last_good": {"levers": {"a": 1}}}}
+    again = {"rejected_at": 2.0, "sets": first["sets"]}
+    second = {"rejected_at": 3.0, "sets": {"state.json last_good": {"levers": {"b": 2}}}}
+    store.keep_rejected(first)
+    store.keep_rejected(again)  # the same misfits at the next start: nothing to keep twice
+    assert not (tmp_path / "state.rejected.prev.json").exists()
+    store.keep_rejected(second)
+    assert '"b": 2' in (tmp_path / REJECTED_FILE).read_text()
+    assert '"a": 1' in (tmp_path / "state.rejected.prev.json").read_text()
