@@ -20,6 +20,8 @@ from typing import Any
 
 from starlette.types import Scope
 
+from supervisor.redact import redact
+
 audit_log = logging.getLogger("supervisor.audit")
 
 MAX_VALUE_CHARS = 256
@@ -129,7 +131,8 @@ def audit(scope: Scope, action: str, **fields: Any) -> None:
         "method": scope.get("method"),
         "path": bounded(scope.get("path")),
         "action": action,
-        **{k: bounded(v) for k, v in fields.items()},
+        # Whatever a caller passed: secret-named values and URL credentials never land here.
+        **{k: bounded(redact(v)) for k, v in fields.items()},
     }
     text = json.dumps(record, sort_keys=True, default=str)
     if len(text) > MAX_RECORD_CHARS:

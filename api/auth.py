@@ -8,12 +8,13 @@ compared in constant time.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,26 @@ class ApiAccess:
     token: str | None
     #: /metrics without the token.
     metrics_public: bool = False
+    #: Bumped by every token change (``rotate``): an /events stream remembers the
+    #: generation it was authorised under and ends when it moves on.
+    generation: int = 0
+    _rotated: set[asyncio.Future[None]] = field(default_factory=set, repr=False)
+
+    def rotate(self, token: str | None) -> None:
+        """A new token (a SIGHUP reload): from now on only it opens the API, and every
+        stream opened with the old one is closed (call it on the event loop)."""
+        self.token = token
+        self.generation += 1
+        for waiter in list(self._rotated):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def rotation(self) -> asyncio.Future[None]:
+        """A future done at the next ``rotate`` (cancel it when no longer waited on)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._rotated.add(waiter)
+        waiter.add_done_callback(self._rotated.discard)
+        return waiter
 
 
 class GuardMiddleware:

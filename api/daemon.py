@@ -3,7 +3,10 @@
 ``serve`` returns 0 after SIGTERM/SIGINT once the server is stopped and its GPUs are
 verified released (or left running in keep-server mode); 1 when the API cannot listen or
 the GPUs could not be verified released; 2 on an unsafe or broken configuration (token,
-a second daemon on the state dir, an unknown GPU, invalid initial levers).
+a second daemon on the state dir, an unknown GPU, invalid initial levers); 3
+(``EXIT_STATE_DIR``) when the state directory cannot be written (read-only file system,
+permissions, a full disk). The unit does not restart on 2 or 3
+(``RestartPreventExitStatus=2 3``): neither fixes itself.
 
 Signals (``api.daemon_signals`` records them from the process's first instant): the first
 SIGTERM or SIGINT stops gracefully, at any point (while starting too); SIGHUP reloads what
@@ -24,6 +27,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -38,6 +42,7 @@ from api.reload import reload_settings
 from api.state_lock import StateDirBusy, lock_state_dir
 from supervisor import sdnotify
 from supervisor.config import Settings
+from supervisor.diskspace import describe_os_error
 from supervisor.engine import Supervisor
 from supervisor.process import set_child_subreaper
 from supervisor.router import read_api_key
@@ -48,6 +53,19 @@ log = logging.getLogger("supervisor")
 
 
 KEEP_SERVER_ENV = "SGLANG_SUPERVISOR_KEEP_SERVER"
+#: The state directory cannot be written: one line on stderr, and systemd does not
+#: restart (systemd/sglang-supervisor.service: RestartPreventExitStatus).
+EXIT_STATE_DIR = 3
+
+
+def state_dir_unusable(settings: Settings, exc: OSError) -> str:
+    """One line naming the state directory, the file and the disk, and what to do."""
+    where = Path(exc.filename) if exc.filename else settings.state_dir
+    return (
+        f"sglang-supervisor: cannot write the state directory {settings.state_dir} "
+        f"({describe_os_error(where, exc)}); it holds the levers, the lock and the logs: "
+        "make it writable (or pass --state-dir), then start the daemon again"
+    )
 
 
 def keep_server_on_exit(settings: Settings) -> bool:
@@ -58,6 +76,20 @@ def keep_server_on_exit(settings: Settings) -> bool:
     return settings.keep_server_on_exit
 
 
+class _NoFollowRotatingHandler(logging.handlers.RotatingFileHandler):
+    """A rotating log that never writes through a symbolic link planted under its name
+    (the daemon may run as root): created 0600 with ``O_NOFOLLOW``."""
+
+    def _open(self) -> Any:
+        # The handler owns the stream and closes it.
+        name, mode = self.baseFilename, self.mode
+        return open(name, mode, encoding=self.encoding, errors=self.errors, opener=_nofollow)
+
+
+def _nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW, 0o600)
+
+
 def _audit_to_file(settings: Settings) -> logging.handlers.QueueListener:
     """Mutating calls also go to ``<state_dir>/audit.log`` (JSON lines), written by a
     thread of their own: a route only queues its record (a write and a rotation are
@@ -65,7 +97,7 @@ def _audit_to_file(settings: Settings) -> logging.handlers.QueueListener:
     it writes what is still queued."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     # Bounded: refused calls are audited too, and anyone who reaches the port can make them.
-    handler = logging.handlers.RotatingFileHandler(
+    handler = _NoFollowRotatingHandler(
         settings.state_dir / "audit.log", maxBytes=16 << 20, backupCount=3
     )
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -232,6 +264,10 @@ async def serve(
         check_listen(settings.api.host, token)
         read_api_key(settings.router)  # an unreadable router key file stops us here
         lock_state_dir(settings.state_dir)
+        audit_writer = _audit_to_file(settings)
+    except OSError as exc:  # read-only, not ours, full: no traceback, no restart loop
+        print(state_dir_unusable(settings, exc), file=sys.stderr)
+        return EXIT_STATE_DIR
     except StateDirBusy as exc:
         print(
             f"sglang-supervisor: {exc}; stop it, or give this one its own --state-dir",
@@ -241,7 +277,6 @@ async def serve(
     except (AuthConfigError, RuntimeError) as exc:
         print(f"sglang-supervisor: {exc}", file=sys.stderr)
         return 2
-    audit_writer = _audit_to_file(settings)
     # httpx logs every request at INFO: readiness probes and scrapes would flood the log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     sup = build_supervisor(settings)

@@ -62,6 +62,15 @@ class DaemonSignals:
                 loop.remove_signal_handler(sig)
         self.install()
 
+    def ignore_from_now(self) -> None:
+        """The daemon has stopped and is exiting: a late SIGTERM, SIGINT or SIGHUP changes
+        nothing, so ignore them. Not "record": CPython's finalization puts every
+        Python-level handler back to the default action (``_PySignal_Fini``), and a
+        SIGTERM in the last ~0.15 s of the process then killed it with -15 after a clean
+        stop; an ignored signal stays ignored through finalization."""
+        for sig in HANDLED:
+            signal.signal(sig, signal.SIG_IGN)
+
 
 _process_signals: DaemonSignals | None = None
 

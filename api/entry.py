@@ -11,13 +11,14 @@ already overwritten.
 from __future__ import annotations
 
 import sys
-from importlib import metadata
 
 EXIT_CONFIG = 2
 
 
 def supervisord_conflict() -> str | None:
     """Why this environment cannot run sglang-supervisor, or None."""
+    from importlib import metadata  # after the daemon's signal handlers (main)
+
     try:
         dist = metadata.distribution("supervisor")
     except metadata.PackageNotFoundError:
@@ -34,6 +35,13 @@ def supervisord_conflict() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["serve"]:
+        # The daemon's signal handlers first, before anything else is imported or looked
+        # up (importlib.metadata scans sys.path): a SIGHUP (or SIGTERM) in the daemon's
+        # first instant is recorded, not the default action that kills it.
+        from api.daemon_signals import process_signals
+
+        process_signals().install()
     problem = supervisord_conflict()
     if problem is not None:
         print(f"sglang-supervisor: {problem}", file=sys.stderr)

@@ -54,7 +54,7 @@ def reload_settings(
         log.error("reload (SIGHUP): the token stays as it was: %s", exc)
     else:
         if token != access.token:
-            access.token = token
+            access.rotate(token)  # streams opened with the old token are closed
             changed.append("the API token" if token is not None else "the API token (removed)")
         running.api.token_file = new.api.token_file
     if new.api.metrics_public != access.metrics_public:

@@ -76,6 +76,11 @@ class OperationModel(_Open):
     resolved: dict[str, Any] | None = Field(
         None, description="what SGLang's resolution pipeline made of the levers (validate)"
     )
+    not_cancellable: str | None = Field(
+        None,
+        description="why a cancel is refused now (a rollback or containment has begun); "
+        "null: a running operation may be cancelled",
+    )
 
 
 class OperationEnvelope(BaseModel):

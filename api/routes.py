@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from api.audit import audit
+from api.auth import ApiAccess
 from api.models import ApplyRequest
 from api.responses import (
     BUSY,
@@ -28,7 +29,7 @@ from api.responses import (
     StatusAnswer,
     problem,
 )
-from supervisor.engine import Busy, NoSuchOperation, OperationFinished, Supervisor
+from supervisor.engine import Busy, NoSuchOperation, NotCancellable, OperationFinished, Supervisor
 from supervisor.levers import LeverError
 from supervisor.metrics import SupervisorMetrics
 from supervisor.operations import Operation
@@ -241,7 +242,10 @@ async def get_operation(op_id: str, sup: SupervisorDep) -> dict[str, Any]:
     responses={
         **OPERATION_ANSWERS,
         404: NOT_FOUND,
-        409: problem("the operation has already ended (it is in detail.operation)"),
+        409: problem(
+            "the operation has already ended, or is rolling back and cannot be cancelled "
+            "(it is in detail.operation)"
+        ),
     },
 )
 async def cancel_operation(
@@ -249,14 +253,16 @@ async def cancel_operation(
 ) -> JSONResponse:
     """End a running operation at its next phase boundary: a hung start or a long drain
     stops waiting and rolls back (see ``Supervisor.request_cancel``). 404 unknown id;
-    409 when it has already ended."""
+    409 when it has already ended, or when its rollback (or containment) has begun: a
+    cancel then would tear down the last-good server being started."""
     try:
         op = sup.request_cancel(op_id)
     except NoSuchOperation as exc:
         audit(request.scope, "cancel", outcome="unknown", operation=op_id)
         raise HTTPException(404, detail={"message": str(exc)}) from exc
-    except OperationFinished as exc:
-        audit(request.scope, "cancel", outcome="finished", operation=op_id)
+    except (OperationFinished, NotCancellable) as exc:
+        outcome = "finished" if isinstance(exc, OperationFinished) else "not_cancellable"
+        audit(request.scope, "cancel", outcome=outcome, operation=op_id)
         raise HTTPException(
             409, detail={"message": str(exc), "operation": redact(exc.operation.to_json())}
         ) from exc
@@ -355,14 +361,21 @@ KEEP_ALIVE_S = 15.0
 
 
 async def _next_event(
-    queue: asyncio.Queue[dict[str, Any]], stop: asyncio.Future[Any], timeout_s: float
+    queue: asyncio.Queue[dict[str, Any]], stops: set[asyncio.Future[Any]], timeout_s: float
 ) -> dict[str, Any] | None:
-    """The next event; None after ``timeout_s`` or when ``stop`` is done."""
+    """The next event; None after ``timeout_s`` or when one of ``stops`` is done.
+
+    The read is never left pending: a client that disconnects cancels this wait, and a
+    ``queue.get()`` left behind would be destroyed pending ("Task was destroyed but it
+    is pending!") once its queue is dropped."""
     get = asyncio.ensure_future(queue.get())
-    await asyncio.wait({get, stop}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-    if get.done():
+    try:
+        await asyncio.wait({get, *stops}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not get.done():
+            get.cancel()
+    if get.done() and not get.cancelled():
         return get.result()
-    get.cancel()
     return None
 
 
@@ -379,20 +392,30 @@ async def events(
     """Server-sent events: state transitions, operation phases, release samples."""
 
     closing: asyncio.Event = request.app.state.closing
+    access: ApiAccess = request.app.state.access
+    # The token generation this stream was authorised under: a SIGHUP that rotates the
+    # token ends it (the old token must not keep reading the daemon's events).
+    generation = access.generation
 
     async def stream() -> AsyncIterator[str]:
         yield ": sglang-supervisor events\n\n"
         stop = asyncio.ensure_future(closing.wait())
+        rotated = access.rotation()
         try:
             with sup.events.subscription(replay=replay) as queue:
-                while not closing.is_set() and not await request.is_disconnected():
-                    event = await _next_event(queue, stop, KEEP_ALIVE_S)
+                while (
+                    not closing.is_set()
+                    and access.generation == generation
+                    and not await request.is_disconnected()
+                ):
+                    event = await _next_event(queue, {stop, rotated}, KEEP_ALIVE_S)
                     if event is None:
-                        if not closing.is_set():
+                        if not closing.is_set() and access.generation == generation:
                             yield ": keep-alive\n\n"
                         continue
                     yield f"event: {event['kind']}\ndata: {json.dumps(redact(event))}\n\n"
         finally:
             stop.cancel()
+            rotated.cancel()
 
     return EventStreamResponse(stream(), headers={"Cache-Control": "no-cache"})

@@ -31,7 +31,9 @@ def lock_state_dir(state_dir: Path) -> int:
     Raises ``StateDirBusy`` naming the pid that holds it.
     """
     state_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    # O_NOFOLLOW: the lock is truncated and written; a link planted there must not make
+    # the daemon (as root) truncate the file it points to.
+    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -94,6 +94,9 @@ class Operation:
     cancel_requested: str | None = field(default=None, repr=False)
     #: The cancel request once it was honoured (the operation then rolls back or fails).
     cancelled: str | None = field(default=None, repr=False)
+    #: Why an operator's cancel is refused now (None: it may be cancelled): set once a
+    #: rollback or containment has begun, which a cancel would only turn into an outage.
+    not_cancellable: str | None = field(default=None, repr=False)
     #: Set by a cancel or shutdown request: the operation's waits end early to notice it.
     wake: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -141,4 +144,5 @@ class Operation:
             "log_tail": self.log_tail,
             "levers_requested": self.levers_requested,
             "levers_effective": self.levers_effective,
+            "not_cancellable": self.not_cancellable,
         }

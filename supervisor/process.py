@@ -100,6 +100,10 @@ def set_child_subreaper() -> bool:
         return False
 
 
+def _nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW, 0o600)
+
+
 def spawn(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -122,7 +126,9 @@ def spawn(
         log: IO[bytes] | None
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = stack.enter_context(open(log_path, "ab"))
+            # O_NOFOLLOW: a link planted under the log's name is refused, never written
+            # through (the daemon may run as root).
+            log = stack.enter_context(open(log_path, "ab", opener=_nofollow))
         except OSError as exc:
             log = None
             logger.warning(

@@ -6,10 +6,16 @@ SGLang's own secret flags (0.5.23: ``--api-key``, ``--admin-api-key``,
 :data:`REDACTED` in ``/status``, ``/levers``, operations, events, the audit log and the
 status page. They still reach the server (argv / environment) and ``state.json`` (mode
 0600 under the state directory), which it needs to relaunch.
+
+Secrets inside any other string are hidden too, whatever the name it is under: the
+password of a URL's userinfo (``HF_ENDPOINT=https://user:secret@host/``) and the value
+of a secret-named query parameter (``?token=...``, ``&api_key=...``, ``&sig=...``) —
+this module is the one place that decides what is secret.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
@@ -21,6 +27,13 @@ _SECRET_WORDS = frozenset(
     {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY", "AUTH"}
 )
 _KEY_QUALIFIERS = frozenset({"API", "ACCESS", "SECRET", "PRIVATE", "ADMIN", "AUTH"})
+#: ``scheme://user:password@``: the password (up to the last ``@`` before the host).
+_URL_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@]*:)(?P<pw>[^\s/?#]*)@")
+#: ``?name=value`` / ``&name=value`` / ``;name=value`` in a URL's query.
+_QUERY_PARAM = re.compile(r"(?P<head>[?&;](?P<name>[A-Za-z0-9_.-]+)=)(?P<value>[^&#\s]*)")
+#: Query parameter names that carry a secret although no secret word is in them
+#: (signed URLs: S3's X-Amz-Signature, Azure's sig, GCS's X-Goog-Signature).
+_SECRET_QUERY = frozenset({"KEY", "SIG", "SIGNATURE", "X_AMZ_SIGNATURE", "X_GOOG_SIGNATURE"})
 
 
 def is_secret_env(name: str) -> bool:
@@ -42,6 +55,23 @@ def is_secret_name(name: str) -> bool:
     return is_secret_env(name.removeprefix("env."))
 
 
+def is_secret_query(name: str) -> bool:
+    """``token``, ``access_token``, ``api_key``, ``sig``; not ``revision`` or ``max_tokens``."""
+    upper = name.upper().replace("-", "_").replace(".", "_")
+    return upper in _SECRET_QUERY or is_secret_env(upper)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with URL passwords and secret query values replaced by ``REDACTED``."""
+    if "://" not in text and "=" not in text:
+        return text
+    text = _URL_USERINFO.sub(lambda m: f"{m['head']}{REDACTED}@", text)
+    return _QUERY_PARAM.sub(
+        lambda m: f"{m['head']}{REDACTED}" if is_secret_query(m["name"]) and m["value"] else m[0],
+        text,
+    )
+
+
 def redact(value: T) -> T:
     """A copy of ``value`` (JSON-shaped) with every secret lever or env value replaced; a
     diff entry ``{"api_key": {"old": a, "new": b}}`` keeps its shape, both values hidden."""
@@ -59,6 +89,8 @@ def _redact(value: Any) -> Any:
         return out
     if isinstance(value, list | tuple):
         return [_redact(v) for v in value]
+    if isinstance(value, str):
+        return redact_text(value)
     return value
 
 

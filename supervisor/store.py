@@ -13,17 +13,22 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from supervisor.diskspace import describe_os_error
 from supervisor.levers import LeverSet
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
 PREV_FILE = "state.prev.json"
+#: Persisted levers that stopped fitting the schema (an SGLang upgrade renamed a flag),
+#: kept for the operator instead of being overwritten by the next save.
+REJECTED_FILE = "state.rejected.json"
 HISTORY_FILE = "operations.jsonl"
 #: operations.jsonl is rotated before it grows past this (operations.jsonl.1 is the newest
 #: of the ``HISTORY_BACKUPS`` older files): the history stays bounded on disk.
@@ -151,26 +156,46 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: Flags for every file the daemon creates in the state directory: never through a
+#: symbolic link someone planted there (the daemon may run as root).
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so a reader sees the old or the new content, never half.
 
-    Raises ``StoreError`` (the old file intact) when the disk is full or not writable.
+    The temporary file gets a random name in the same directory and is created
+    exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``, mode 0600): a file or symbolic link
+    planted under a predictable name is never written through. The rename then replaces
+    the directory entry ``path`` itself — a symbolic link there is replaced, never
+    followed. Raises ``StoreError`` (the old file intact) when the disk is full or not
+    writable; the message names the path and the disk.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp: Path | None = None
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        tmp = Path(name)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        tmp = None
         _fsync_dir(path.parent)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
         raise StoreError(
-            f"cannot write {path}: {exc.strerror or exc} — the previous state is kept; "
-            "free disk space or fix permissions on the state directory"
+            f"cannot write {path}: {describe_os_error(path, exc)} — the previous state is "
+            "kept; free disk space or fix permissions on the state directory"
         ) from exc
+
+
+def open_append(path: Path) -> int:
+    """A descriptor appending to ``path`` (created 0600), refusing a symbolic link there
+    (``ELOOP``): logs the daemon writes as root never land in a file a link points to."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o600)
 
 
 def _envelope(data: dict[str, Any]) -> str:
@@ -224,6 +249,28 @@ class Store:
             log.error("%s", state.load_warning)
         return state
 
+    def load_previous(self) -> PersistedState | None:
+        """The previous copy (``state.prev.json``) alone; None when absent or damaged."""
+        try:
+            return PersistedState.from_json(_open_envelope(self.dir / PREV_FILE))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def keep_rejected(self, record: dict[str, Any]) -> Path:
+        """Write ``record`` (lever sets that do not fit, and why) to ``state.rejected.json``
+        atomically; returns its path. Raises ``StoreError``."""
+        path = self.dir / REJECTED_FILE
+        with self._lock:
+            try:
+                earlier = _open_envelope(path)
+            except (OSError, ValueError, KeyError, TypeError):
+                earlier = None
+            if earlier is not None and earlier.get("sets") != record.get("sets"):
+                # Other misfits than the ones kept there (a second upgrade): keep those too.
+                os.replace(path, path.with_name(f"{path.stem}.prev{path.suffix}"))
+            atomic_write(path, _envelope(record))
+        return path
+
     def save(self, state: PersistedState) -> None:
         """Persist ``state`` atomically, keeping the replaced copy as the previous one."""
         with self._lock:
@@ -249,7 +296,7 @@ class Store:
                 size = path.stat().st_size if path.exists() else 0
                 if size and size + len(line.encode()) > HISTORY_MAX_BYTES:
                     self._rotate_history(path)
-                with open(path, "a", encoding="utf-8") as f:
+                with os.fdopen(open_append(path), "a", encoding="utf-8") as f:
                     f.write(line)
             except OSError as exc:
                 log.warning("cannot append to %s: %s", path, exc)

@@ -85,7 +85,13 @@ class Busy(HttpError):
 
 
 class Ended(HttpError):
-    """409 to a cancel: the operation has already ended; ``operation`` is its record."""
+    """409 to a cancel: the operation has already ended, or is rolling back and cannot be
+    cancelled (``still_running``); ``operation`` is its record."""
+
+    @property
+    def still_running(self) -> bool:
+        """The refusal was not "already ended": a rollback runs and may not be cancelled."""
+        return self.operation.get("state") == "running"
 
     @property
     def operation(self) -> Json:

@@ -176,8 +176,10 @@ def _cancel_on_interrupt(args: argparse.Namespace, client: Client, op_id: str) -
         return False
     try:
         client.cancel(op_id)
-    except Ended:
-        return True  # it ended meanwhile: follow shows how
+    except Ended as exc:
+        if exc.still_running:  # rolling back: the daemon says why it cannot be cancelled
+            err(f"not cancelled: {exc}")
+        return True  # it ended meanwhile, or ends on its own: follow shows how
     out(f"cancel requested: operation {op_id} ends at its next phase boundary")
     return True
 
@@ -202,6 +204,9 @@ def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
         except Ended as exc:
             if args.json:
                 print_json(exc.body)
+            if exc.still_running:
+                err(f"not cancelled: {exc}")
+                return EXIT_ERROR
             ended = exc.operation
             err(f"operation {op_id} has already ended: {ended.get('state', 'finished')}")
             return EXIT_ERROR

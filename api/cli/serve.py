@@ -28,7 +28,8 @@ DESCRIPTION = (
     "now, the release still verified). SIGHUP reloads the token file, the timeouts, "
     "keep_server_on_exit and the log level without touching the server. Exit 0 stopped "
     "cleanly; 1 the API could not listen or the GPUs could not be verified released; 2 a "
-    "configuration it refuses."
+    "configuration it refuses; 3 a state directory it cannot write (systemd does not "
+    "restart on 2 or 3)."
 )
 
 
@@ -96,14 +97,17 @@ def run_serve(args: argparse.Namespace) -> int:
     setup_logging(args.log_level or settings.log_level, getattr(args, "log_format", "text"))
     from api.daemon import serve  # the server side, only when serving
 
-    return run_until_stopped(
-        serve(
-            settings,
-            args.log_level,
-            signals=signals,
-            load_settings=lambda: settings_from_args(args),
+    try:
+        return run_until_stopped(
+            serve(
+                settings,
+                args.log_level,
+                signals=signals,
+                load_settings=lambda: settings_from_args(args),
+            )
         )
-    )
+    finally:
+        signals.ignore_from_now()  # exiting: a late signal must not change the exit status
 
 
 #: Name prefix of the daemon's worker threads (``asyncio.to_thread``).

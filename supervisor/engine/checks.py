@@ -291,7 +291,7 @@ def state_dir_problems(state_dir: Path, logs_dir: Path) -> list[LeverProblem]:
         probe = d / f".preflight-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"  # concurrent ones
         try:
             d.mkdir(parents=True, exist_ok=True)
-            with open(probe, "wb") as f:
+            with open(probe, "xb") as f:  # O_EXCL: never through a planted link
                 f.write(b"preflight")
                 f.flush()
                 os.fsync(f.fileno())

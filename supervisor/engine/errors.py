@@ -25,3 +25,15 @@ class OperationFinished(RuntimeError):
     def __init__(self, op: Operation) -> None:
         super().__init__(f"operation {op.id} ({op.kind}) already ended {op.state}")
         self.operation = op
+
+
+class NotCancellable(RuntimeError):
+    """The operation is past the point a cancel could help: a rollback or containment
+    is putting the last-good levers back (HTTP 409); the message says so."""
+
+    def __init__(self, op: Operation, why: str) -> None:
+        super().__init__(
+            f"operation {op.id} ({op.kind}) cannot be cancelled now: {why}; it ends on its "
+            f"own (GET /operations/{op.id})"
+        )
+        self.operation = op

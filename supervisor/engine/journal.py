@@ -52,6 +52,22 @@ class Journal:
             self._warn(self._state.load_warning)
         return self._state
 
+    async def load_previous(self) -> PersistedState | None:
+        """The previous copy of the state (``state.prev.json``), for levers that fit when
+        the current ones no longer do; None when there is none."""
+        return await asyncio.to_thread(self.store.load_previous)
+
+    async def keep_rejected(self, record: dict[str, Any]) -> Path | None:
+        """Keep persisted levers that no longer fit in ``state.rejected.json`` (they would
+        be overwritten by the next save); its path, or None when it cannot be written
+        (then a warning says so)."""
+        try:
+            return await asyncio.to_thread(self.store.keep_rejected, record)
+        except StoreError as exc:
+            log.error("%s", exc)
+            self._warn(str(exc))
+            return None
+
     # ----------------------------------------------------------------- changing
 
     async def record_launch(self, handle: ServerHandle, levers: LeverSet) -> None:
@@ -71,7 +87,8 @@ class Journal:
             await self._save_quietly()
 
     async def record_operator_stop(self, op_id: str) -> None:
-        """An operator stopped the server: it stays stopped across daemon restarts."""
+        """An operator asked for a stop (recorded before anything is stopped): the server
+        stays stopped across daemon restarts, even one in the middle of the stop."""
         self._state.stopped_by = op_id
         await self._save_quietly()
 

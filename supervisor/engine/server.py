@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from supervisor import preflight, serverlogs
+from supervisor import diskspace, preflight, serverlogs
 from supervisor.backend import ServerHandle
 from supervisor.gpu import FOREIGN_ADVICE, GpuSample, cuda_visible_devices, wait_released
 from supervisor.levers import LeverSet, render_argv
@@ -154,7 +154,11 @@ async def launch_until_ready(
         op.rollback_reason = str(exc)
         if handle is not None:
             op.log_tail = await asyncio.to_thread(tail_lines, handle.log_path, 30)
-        ph.end(FAILED, str(exc))
+            # A server that cannot write exits 1 with an empty log: name the full disk.
+            full = await asyncio.to_thread(diskspace.full_disk_note, handle.log_path)
+            if full is not None:
+                op.rollback_reason = f"{exc}; {full}"
+        ph.end(FAILED, op.rollback_reason)
         return False
     except Cancelled as exc:
         if exc.shutdown:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from supervisor.backend import ServerHandle
+from supervisor.engine import persisted as persisted_levers
 from supervisor.engine import routing
 from supervisor.engine.checks import refuse_if_foreign, warm_resolution
 from supervisor.engine.server import (
@@ -59,9 +60,10 @@ async def prepare(sup: Supervisor) -> None:
             sup.warn(loaded.warning)
     sup.managed = await asyncio.to_thread(resolve_managed, sup, sup.settings.server.gpus)
     # Persisted levers were checked against the SGLang of their day: check them again
-    # against this one (an upgrade may have renamed a flag).
-    sup.last_good = recheck(sup, persisted.last_good, "last-good")
-    initial = sup.last_good or recheck(sup, persisted.levers, "persisted")
+    # against this one (an upgrade may have renamed a flag); misfits are kept, not lost.
+    choice = await persisted_levers.choose(sup, persisted)
+    sup.last_good = choice.last_good
+    initial = choice.levers
     if initial is None:
         configured = LeverSet(sup.settings.server.levers, sup.settings.server.env)
         try:
@@ -78,21 +80,6 @@ async def prepare(sup: Supervisor) -> None:
         )
 
 
-def recheck(sup: Supervisor, levers: LeverSet | None, what: str) -> LeverSet | None:
-    if levers is None:
-        return None
-    try:
-        return check_levers(levers, sup.schema)
-    except LeverError as exc:
-        why = (
-            f"the {what} levers in {sup.journal.dir} do not fit SGLang "
-            f"{sup.schema.sglang_version} ({exc}); not using them"
-        )
-        log.error("%s", why)
-        sup.warn(why)
-        return None
-
-
 def resolve_managed(sup: Supervisor, names: list[str]) -> list[GpuInfo]:
     """The managed GPUs: those named (index or UUID), or every GPU the probe sees."""
     return resolve_gpus(sup.probe, names or [str(d.index) for d in sup.probe.devices()])
@@ -102,7 +89,9 @@ async def initial_start(sup: Supervisor, op: Operation) -> None:
     """Adopt the recorded server if it is healthy; else clear leftovers and launch."""
     persisted = sup.journal.recorded
     record = persisted.server
-    if record is not None and await try_adopt(sup, op, record):
+    # An operator's stop that the last daemon did not finish (it died mid-stop) is
+    # finished, not undone: its server is torn down with the leftovers below.
+    if record is not None and persisted.stopped_by is None and await try_adopt(sup, op, record):
         return
     # Leftovers of an earlier daemon (same instance tag) go first, so the baseline is
     # measured with nothing of ours on the GPUs.
@@ -134,10 +123,29 @@ async def initial_start(sup: Supervisor, op: Operation) -> None:
         )
         await sup.journal.clear_pending(save=False)
     if not await launch_until_ready(sup, op, sup.levers, probation=False):
-        await recover(sup, op, op.rollback_reason or "the initial start failed")
+        if op.cancelled is not None:
+            await cancelled_start_up(sup, op)
+        else:
+            await recover(sup, op, op.rollback_reason or "the initial start failed")
         return
     await routing.join(sup, op)
     await commit(sup, op, sup.levers)
+
+
+async def cancelled_start_up(sup: Supervisor, op: Operation) -> None:
+    """An operator cancelled the daemon's own start-up launch: that is a stop, not a
+    crash. Tear it down, stay stopped (across daemon restarts too, as after a stop) and
+    say so; nothing is relaunched."""
+    why = (
+        f"{op.cancelled}: the start-up launch was torn down and the server stays stopped; "
+        "POST /start to start it"
+    )
+    await sup.journal.record_operator_stop(op.id)
+    if await stop_and_release(sup, op, why, S.STOPPED, prefix=PhasePrefix.CLEANUP):
+        op.levers_effective = None
+        op.finish(FAILED, why)
+    else:
+        op.finish(FAILED, f"{why}; then the server could not be released: {sup.state_reason}")
 
 
 async def try_adopt(sup: Supervisor, op: Operation, record: RecordedServer) -> bool:
@@ -208,8 +216,9 @@ async def try_adopt(sup: Supervisor, op: Operation, record: RecordedServer) -> b
 
 async def finish_probation(sup: Supervisor, op: Operation, handle: ServerHandle) -> bool:
     """The interrupted apply's server is ready, but its probation never ended: watch it
-    for the whole window now; untested levers never become last-good. On a failure, roll
-    back to the last-good levers (False)."""
+    for the whole window now; untested levers never become last-good. On a failure or an
+    operator's cancel, roll back to the last-good levers and clear the pending apply
+    (False)."""
     if sup.settings.timeouts.probation_s <= 0:
         return True
     ph = op.phase(PhaseName.PROBATION)
@@ -218,6 +227,15 @@ async def finish_probation(sup: Supervisor, op: Operation, handle: ServerHandle)
     except StartFailed as exc:
         ph.end(FAILED, str(exc))
         await roll_back(sup, op, f"the interrupted apply's new server failed probation: {exc}")
+        await sup.journal.clear_pending()
+        return False
+    except Cancelled as exc:
+        if exc.shutdown:
+            raise
+        # Cancelled like any apply's probation, whoever started it: the untested levers
+        # are rolled back and the pending apply cleared (else the next daemon commits them).
+        ph.end(FAILED, f"{exc} while pid {handle.pid} was in probation")
+        await roll_back(sup, op, f"the interrupted apply's probation: {exc}")
         await sup.journal.clear_pending()
         return False
     ph.end(SUCCEEDED, f"pid {handle.pid} still serving")

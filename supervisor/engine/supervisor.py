@@ -19,7 +19,7 @@ from typing import Any
 from supervisor.backend import Backend, ProcessOps
 from supervisor.config import Settings, instance_tag_prefix
 from supervisor.engine import checks, startup, transaction
-from supervisor.engine.errors import NoSuchOperation, OperationFinished
+from supervisor.engine.errors import NoSuchOperation, NotCancellable, OperationFinished
 from supervisor.engine.journal import Journal
 from supervisor.engine.registry import MAX_OPERATIONS, OperationRegistry
 from supervisor.engine.server import (
@@ -286,7 +286,9 @@ class Supervisor:
         apply that has not stopped the old server yet leaves it serving (rolled_back);
         one whose new server is starting tears it down and starts the last-good levers
         (rolled_back); a start, restart or recovery tears down what it started (failed).
-        A stop cannot be undone and runs to its end. Asking twice is asking once.
+        A stop cannot be undone and runs to its end. Once a rollback or containment
+        has begun, a cancel could only tear down the last-good server being started:
+        ``NotCancellable`` (HTTP 409) says so. Asking twice is asking once.
         Raises ``NoSuchOperation`` (unknown id) or ``OperationFinished`` (already ended).
         """
         op = self.ops.kept.get(op_id)
@@ -296,6 +298,8 @@ class Supervisor:
             )
         if op.finished:
             raise OperationFinished(op)
+        if op.not_cancellable is not None and op.cancelled is None:
+            raise NotCancellable(op, op.not_cancellable)  # (a repeat of an honoured one: ok)
         if op.cancel_requested is None and op.cancelled is None:
             op.cancel_requested = CANCEL_REASON.format(id=op.id)
             log.warning("operation %s (%s): cancel requested", op.id, op.kind)

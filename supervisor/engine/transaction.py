@@ -94,9 +94,21 @@ async def drain_or_cancel(sup: Supervisor, op: Operation, drain_s: float) -> boo
     return True
 
 
+def no_cancel_from_here(op: Operation, what: str) -> None:
+    """From here on ``op`` puts the last-good levers back: a cancel would tear down the
+    server it is starting and leave nothing serving, so it is refused (409), and one
+    that arrived just before (right after a failed start) is dropped: rolling back is
+    what it asked for."""
+    op.not_cancellable = f"{what} has begun (a cancel now would leave nothing serving)"
+    if op.cancel_requested is not None:
+        op.cancel_requested = None
+        op.wake.clear()  # set for the dropped cancel only (a shutdown is seen by its flag)
+
+
 async def roll_back(sup: Supervisor, op: Operation, reason: str) -> None:
     """The new levers failed: stop them, release, start the last-good levers (and put
-    them back in the router)."""
+    them back in the router). Not cancellable (``no_cancel_from_here``)."""
+    no_cancel_from_here(op, "the rollback to the last-good levers")
     if sup.router.enabled and sup.server is not None:
         await routing.leave(sup, op, prefix=PhasePrefix.ROLLBACK)
     if not await stop_and_release(sup, op, "roll back", S.STOPPED, prefix=PhasePrefix.ROLLBACK):
@@ -107,7 +119,7 @@ async def roll_back(sup: Supervisor, op: Operation, reason: str) -> None:
         op.finish(FAILED, f"{reason}; there are no last-good levers to roll back to")
         return
     rollback_start = prefixed(PhasePrefix.ROLLBACK, PhaseName.START)
-    if await launch_until_ready(sup, op, good, probation=False, phase=rollback_start):
+    if await start_last_good(sup, op, good, rollback_start):
         refused = await routing.join(sup, op, prefix=PhasePrefix.ROLLBACK)
         sup.levers = good  # they serve (a containment may come from other levers)
         op.rollback_reason = reason
@@ -124,6 +136,32 @@ async def roll_back(sup: Supervisor, op: Operation, reason: str) -> None:
     )
     op.rollback_reason = reason
     op.finish(FAILED, f"{reason}; rolling back also failed: {second}")
+
+
+async def start_last_good(sup: Supervisor, op: Operation, good: LeverSet, phase: str) -> bool:
+    """Start the last-good levers; when their launcher was killed by a signal from
+    outside (SIGKILL by an operator or the OOM killer: not the levers' fault, they served
+    before), clean up and try exactly once more. False when it is still not ready
+    (``op.rollback_reason`` says why)."""
+    if await launch_until_ready(sup, op, good, probation=False, phase=phase):
+        return True
+    server = sup.server
+    code = None if server is None else server.handle.returncode
+    if code is None or code >= 0 or op.cancelled is not None or sup.shutdown_requested:
+        return False  # its own failure (an exit code), or nobody wants it any more
+    first = op.rollback_reason or "the last-good launcher was killed by a signal"
+    if not await stop_and_release(
+        sup,
+        op,
+        f"{first}; starting the last-good levers once more",
+        S.STOPPED,
+        prefix=PhasePrefix.CLEANUP,
+    ):
+        return False
+    if await launch_until_ready(sup, op, good, probation=False, phase=phase):
+        return True
+    op.rollback_reason = f"{op.rollback_reason} (the second try; the first: {first})"
+    return False
 
 
 async def commit(sup: Supervisor, op: Operation, levers: LeverSet) -> None:
@@ -186,10 +224,13 @@ async def drain(sup: Supervisor, op: Operation, timeout_s: float) -> None:
 
 async def stop(sup: Supervisor, op: Operation) -> None:
     """An operator's stop: out of the router and drained (with [router]), tear down,
-    verify release, stay stopped (and out of the router)."""
+    verify release, stay stopped (and out of the router).
+
+    The intent is recorded first: a daemon that dies in the middle of the stop leaves
+    the server stopped (its successor finishes the teardown instead of adopting it)."""
+    await sup.journal.record_operator_stop(op.id)  # stays stopped across daemon restarts
     await routing.leave_and_drain(sup, op)
     if await stop_and_release(sup, op, f"operator stop ({op.id})", S.STOPPED):
-        await sup.journal.record_operator_stop(op.id)  # stays stopped across daemon restarts
         op.levers_effective = None
         op.finish(SUCCEEDED)
     else:
@@ -300,6 +341,7 @@ async def contain(sup: Supervisor, op: Operation, exc: Exception) -> None:
     progress does the teardown itself."""
     why = f"internal error: {type(exc).__name__}: {exc}"
     op.rollback_reason = why
+    no_cancel_from_here(op, "the containment of an internal error")
     if sup.shutdown_requested:
         op.finish(FAILED, why)
         return

@@ -8,13 +8,18 @@ from tests.helpers import Daemon, wait_until
 
 SECRET = "sk-live-4f8a1c"
 ENV_SECRET = "tok-93b2e7"
+#: Inside a URL-valued variable whose name says nothing (issue 20 §4).
+URL_SECRET = "pw-5c0d2a"
+HF_ENDPOINT = f"https://mirror-user:{URL_SECRET}@hf-mirror.internal/"
 
 
 def test_api_key_and_token_env_are_redacted_everywhere_but_the_server(
     daemon_factory: type[Daemon],
 ) -> None:
     d = daemon_factory().start()
-    r = d.apply({"api_key": SECRET}, env={"SGLANG_EXTRA_TOKEN": ENV_SECRET})
+    r = d.apply(
+        {"api_key": SECRET}, env={"SGLANG_EXTRA_TOKEN": ENV_SECRET, "HF_ENDPOINT": HF_ENDPOINT}
+    )
     assert r.status_code == 200, r.text
     op = r.json()["operation"]
     assert op["state"] == "succeeded", op
@@ -22,6 +27,7 @@ def test_api_key_and_token_env_are_redacted_everywhere_but_the_server(
     pid = d.status()["server"]["pid"]
     assert SECRET in psutil.Process(pid).cmdline()
     assert psutil.Process(pid).environ()["SGLANG_EXTRA_TOKEN"] == ENV_SECRET
+    assert psutil.Process(pid).environ()["HF_ENDPOINT"] == HF_ENDPOINT
     # Nothing the daemon shows has them (audit.log: once its thread wrote the apply).
     audit_path = d.dir / "state" / "audit.log"
 
@@ -47,6 +53,8 @@ def test_api_key_and_token_env_are_redacted_everywhere_but_the_server(
     shown["GET /events"] = text
     for where, body in shown.items():
         assert SECRET not in body and ENV_SECRET not in body, f"{where} shows a secret"
+        assert URL_SECRET not in body, f"{where} shows a URL's password"
     levers = d.client.get("/levers").json()
     assert levers["levers"]["api_key"] == "<redacted>"
     assert levers["env"]["SGLANG_EXTRA_TOKEN"] == "<redacted>"
+    assert levers["env"]["HF_ENDPOINT"] == "https://mirror-user:<redacted>@hf-mirror.internal/"

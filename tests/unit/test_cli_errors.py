@@ -113,3 +113,19 @@ def test_status_and_plan_report_an_error_alike(
     assert (status_code, plan_code) == (code, code)
     assert says in status_err
     assert same_message(plan_err) == same_message(status_err)
+
+
+def test_cancel_of_a_rollback_says_it_cannot_be_cancelled(daemon: tuple[str, StandIn]) -> None:
+    """Issue 20 §7: the daemon refuses to cancel a rollback (409, the operation still
+    running); the CLI prints why instead of "has already ended"."""
+    url, answer = daemon
+    message = (
+        "operation op7 (apply) cannot be cancelled now: the rollback to the last-good "
+        "levers has begun (a cancel now would leave nothing serving)"
+    )
+    answer.status = 409
+    answer.body = {"detail": {"message": message, "operation": {"id": "op7", "state": "running"}}}
+    code, err = run("cancel", "op7", "--no-wait", "--url", url)
+    assert code == 1
+    assert f"not cancelled: {message}" in err
+    assert "already ended" not in err

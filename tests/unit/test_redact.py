@@ -37,3 +37,27 @@ def test_env_names() -> None:
     assert is_secret_env("SGLANG_ADMIN_KEY") and is_secret_env("NCCL_IB_SECRET")
     assert not is_secret_env("SGLANG_MAX_TOKENS") and not is_secret_env("CUDA_KEYRING")
     assert not is_secret_env("token_usage")
+
+
+def test_credentials_inside_url_values_are_hidden_whatever_the_name() -> None:
+    """Issue 20 §4: HF_ENDPOINT=https://user:secret@host/... showed its password."""
+    status = {
+        "env": {
+            "HF_ENDPOINT": "https://alice:s3cr3t@hub.example.com/models",
+            "SGLANG_MIRROR": "http://mirror.local:8080/x?token=tk-42&rev=main",
+            "NO_PROXY": "localhost",
+        },
+        "error": "cannot reach https://bob:p%40ss:w@proxy:3128/ (signed https://b/o?X-Amz-Signature=abc)",
+        "argv": ["--model-path", "s3://k:hidden@bucket/m"],
+    }
+    out = redact(status)
+    text = repr(out)
+    for secret in ("s3cr3t", "tk-42", "p%40ss", "abc", "hidden"):
+        assert secret not in text, secret
+    assert out["env"]["HF_ENDPOINT"] == f"https://alice:{REDACTED}@hub.example.com/models"
+    assert out["env"]["SGLANG_MIRROR"] == f"http://mirror.local:8080/x?token={REDACTED}&rev=main"
+    assert out["env"]["NO_PROXY"] == "localhost"
+    assert out["argv"][1] == f"s3://k:{REDACTED}@bucket/m"
+    # A URL without a password, a port and ordinary query parameters are kept as they are.
+    plain = "http://host:30000/v1/models?revision=main&max_tokens=8 user@example.com"
+    assert redact({"x": plain}) == {"x": plain}

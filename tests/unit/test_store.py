@@ -217,7 +217,7 @@ def test_unwritable_state_dir_raises_store_error(
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
-    monkeypatch.setattr("supervisor.store.open", refuse, raising=False)
+    monkeypatch.setattr("supervisor.store.tempfile.mkstemp", refuse)
     with pytest.raises(StoreError, match=r"Permission denied.*the previous state is kept"):
         store.save(state(NEWER))
     monkeypatch.undo()
@@ -243,3 +243,89 @@ def test_history_is_appended_one_json_line_per_operation(tmp_path: Path) -> None
     store.append_history({"id": "b", "state": "rolled_back"})
     lines = (tmp_path / "operations.jsonl").read_text().splitlines()
     assert [json.loads(line)["id"] for line in lines] == ["a", "b"]
+
+
+def test_a_disk_full_error_names_the_mount_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20 §4: a full disk names the disk (its mount point), not only the file."""
+    from supervisor.diskspace import mount_point
+
+    store = Store(tmp_path)
+    monkeypatch.setattr(os, "fsync", _disk_full)
+    with pytest.raises(StoreError) as info:
+        store.save(state(GOOD))
+    assert f"mounted at {mount_point(tmp_path)}" in str(info.value)
+    assert str(tmp_path / STATE_FILE) in str(info.value)
+
+
+def test_planted_links_are_never_written_through(tmp_path: Path) -> None:
+    """Issue 20 §4: the temporary file's name was predictable (``.state.json.<pid>.tmp``)
+    and opened following links, so a link planted there made the daemon (root) overwrite
+    the file it pointed to. Now neither the temporary name nor the final path, nor
+    operations.jsonl, writes through a link."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    state_dir = tmp_path / "state"
+    store = Store(state_dir)
+    (state_dir / f".{STATE_FILE}.{os.getpid()}.tmp").symlink_to(victim)
+    store.save(state(GOOD))
+    assert victim.read_text() == "precious\n"
+    (state_dir / STATE_FILE).unlink()
+    (state_dir / STATE_FILE).symlink_to(victim)
+    store.save(state(NEWER))
+    assert victim.read_text() == "precious\n"
+    assert not (state_dir / STATE_FILE).is_symlink()
+    assert Store(state_dir).load().levers == NEWER
+    (state_dir / "operations.jsonl").symlink_to(victim)
+    store.append_history({"id": "x"})
+    assert victim.read_text() == "precious\n"
+    made = [p for p in state_dir.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
+    assert made == []
+
+
+def test_a_link_planted_as_the_daemon_lock_is_refused_not_truncated(tmp_path: Path) -> None:
+    """The lock file is truncated and rewritten with the daemon's pid: through a planted
+    link, a daemon running as root truncated the file it pointed to."""
+    from api.state_lock import LOCK_FILE, lock_state_dir
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / LOCK_FILE).symlink_to(victim)
+    with pytest.raises(OSError) as info:
+        lock_state_dir(state_dir)
+    assert info.value.errno == errno.ELOOP
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_link_planted_as_a_server_log_is_not_written_through(tmp_path: Path) -> None:
+    """The server's log is opened O_NOFOLLOW: a link planted under the next log's name
+    is refused (the output then goes to the daemon's own log, as for a full disk)."""
+    from supervisor.process import spawn
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    log_path = tmp_path / "logs" / "server-1.log"
+    log_path.parent.mkdir()
+    log_path.symlink_to(victim)
+    launch = spawn(["/bin/sh", "-c", "echo from-the-server"], {}, tag="t.1", log_path=log_path)
+    assert launch.popen is not None
+    launch.popen.wait(10)
+    assert victim.read_text() == "precious\n"
+
+
+def test_rejected_levers_of_an_earlier_upgrade_are_kept_too(tmp_path: Path) -> None:
+    from supervisor.store import REJECTED_FILE
+
+    store = Store(tmp_path)
+    first = {"rejected_at": 1.0, "sets": {"state.json last_good": {"levers": {"a": 1}}}}
+    again = {"rejected_at": 2.0, "sets": first["sets"]}
+    second = {"rejected_at": 3.0, "sets": {"state.json last_good": {"levers": {"b": 2}}}}
+    store.keep_rejected(first)
+    store.keep_rejected(again)  # the same misfits at the next start: nothing to keep twice
+    assert not (tmp_path / "state.rejected.prev.json").exists()
+    store.keep_rejected(second)
+    assert '"b": 2' in (tmp_path / REJECTED_FILE).read_text()
+    assert '"a": 1' in (tmp_path / "state.rejected.prev.json").read_text()
