@@ -108,6 +108,9 @@ def capacity(
     if explicit is None and isinstance(sglang_fraction, (int, float)) and sglang_fraction > 0:
         sized = {**levers, "mem_fraction_static": float(sglang_fraction)}
         source = "SGLang's own resolution"
+    page = (resolved or {}).get("page_size")
+    if lever_int(levers, "page_size") is None and isinstance(page, int) and page > 1:
+        sized = {**sized, "page_size": page}  # SGLang's resolved page (its backend's)
     p = pools(model, sized, gpu_bytes)
     c = p.cells
     tokens = p.kv_tokens

@@ -37,17 +37,53 @@ def test_cell_fraction_and_tokens_match_sglang(case: Case) -> None:
 
 
 def test_hybrid_pools_are_reported_separately() -> None:
-    """gpt-oss: the SWA pool is 0.8 × the full one (pool_configurator.py:881-883);
-    Qwen3-Next: the Mamba slots cap running requests at slots / 3
-    (kv_cache_configurator.py:3136-3152)."""
+    """gpt-oss: the SWA pool is 0.8 × the full one (pool_configurator.py:879-881);
+    Qwen3-Next at SGLang's defaults: the overlap schedule resolves
+    mamba_radix_cache_strategy=extra_buffer (arg_groups/overrides.py:476-486), so a
+    request takes 3 + 2 state slots (kv_cache_configurator.py:3062-3088,
+    allocation_sizing.py:11-19) and the slots cap running requests at slots / 5
+    (kv_cache_configurator.py:3134-3151): 5604 // 5 = 1120 at TP8, not 1868."""
     gpt = planner.capacity(planner_model("gpt-oss-120b"), {"tp_size": 8}, H200, 4096)
     assert gpt.swa_tokens_per_rank == int(gpt.kv_tokens_per_rank * 0.8)
     assert (gpt.full_cell_bytes, gpt.swa_cell_bytes) == (256 * 18, 256 * 18)
     qwen = planner.capacity(planner_model("Qwen3-Next-80B-A3B"), {"tp_size": 8}, H200, 4096)
     assert qwen.mamba_state_bytes == 9_658_368
-    assert qwen.mamba_request_cap == qwen.mamba_slots_per_rank // 3
+    assert qwen.mamba_slots_per_rank == 5604
+    assert qwen.mamba_request_cap == 5604 // 5 == 1120
     assert qwen.max_running_requests == qwen.mamba_request_cap
     assert qwen.concurrent_requests <= qwen.mamba_request_cap
+
+
+@pytest.mark.parametrize(
+    ("levers", "per_request"),
+    [
+        ({"disable_overlap_schedule": True}, 3),  # auto -> no_buffer (overrides.py:484-486)
+        ({"disable_overlap_schedule": True, "page_size": 64}, 4),  # extra_buffer, 1 slot
+        ({"mamba_radix_cache_strategy": "extra_buffer_lazy"}, 4),  # allocation_sizing:17
+        ({"mamba_radix_cache_strategy": "no_buffer"}, 3),
+        ({"disable_radix_cache": True, "max_running_requests": 64}, 1),  # :3063-3064
+    ],
+)
+def test_mamba_slots_per_request_follow_the_resolved_strategy(
+    levers: dict[str, Any], per_request: int
+) -> None:
+    """kv_cache_configurator.py:3062-3088: 3 slots, + the extra buffer's tracking slots."""
+    qwen = planner.capacity(
+        planner_model("Qwen3-Next-80B-A3B"), {"tp_size": 8, **levers}, H200, 4096
+    )
+    assert qwen.mamba_request_cap == qwen.mamba_slots_per_rank // per_request
+
+
+def test_qwen3_next_tp4_at_095_caps_running_requests_at_slots_over_5() -> None:
+    """The issue's TP4 case: mem_fraction_static 0.95 → 502 running requests (slots / 5
+    by kv_cache_configurator.py:3062-3088 at SGLang's default strategy), not 837."""
+    qwen = planner.capacity(
+        planner_model("Qwen3-Next-80B-A3B"),
+        {"tp_size": 4, "mem_fraction_static": 0.95},
+        H200,
+        4096,
+    )
+    assert qwen.max_running_requests == qwen.mamba_slots_per_rank // 5 == 502
 
 
 def test_the_mtp_layer_counts_only_with_speculative_decoding() -> None:
