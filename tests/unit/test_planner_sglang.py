@@ -34,6 +34,8 @@ def test_cell_fraction_and_tokens_match_sglang(case: Case) -> None:
     assert cap.kv_tokens_per_rank == pytest.approx(case.kv_tokens(), rel=0.01)
     for key, value in case.extra.items():
         assert getattr(cap, key) == value, key
+    if case.max_running is not None:
+        assert cap.max_running_requests == case.max_running
 
 
 def test_hybrid_pools_are_reported_separately() -> None:
