@@ -30,6 +30,7 @@ from supervisor.phases import OpKind, PhaseName
 from supervisor.planner import PlanError, load_model_dir
 from supervisor.planner.hostpool import DevicePool
 from supervisor.planner.inputs import lever_bool, lever_float
+from supervisor.planner.sharding import model_dir_sharding_problems
 from supervisor.resolution import GpuFacts, Verdict, default_resolver, resolve_levers
 from supervisor.sglang_parser import (
     ParserUnavailable,
@@ -136,6 +137,10 @@ async def validate_with_sglang(
     t0 = time.monotonic()
     checked = check_levers(requested, sup.schema, complete=True)
     check_gpu_placement(checked, len(sup.managed))
+    # Layouts SGLang fails building the model for (head counts vs tp, experts vs ep).
+    sharding = await asyncio.to_thread(model_dir_sharding_problems, checked.levers)
+    if sharding:
+        raise LeverError([LeverProblem(lever, msg) for lever, msg in sharding])
     detail = f"schema of SGLang {sup.schema.sglang_version}: {(time.monotonic() - t0) * 1e3:.1f} ms"
     if not sup.schema_live:
         return checked, detail + "; SGLang's own parser and resolution not available", None
