@@ -117,23 +117,34 @@ def resolve_model(
     )
 
 
-def sglang_oracle(sup: Supervisor) -> tuple[Validator | None, Resolver | None]:
+def sglang_oracle(
+    sup: Supervisor, body: PlanRequest | None = None
+) -> tuple[Validator | None, Resolver | None]:
     """SGLang's own resolution pipeline, in the server's interpreter, as the planner's
     validator (a candidate it refuses is never proposed) and source of defaults (its
     resolved ``mem_fraction_static``); (None, None) where SGLang is not installed or the
     GPUs are unknown: the planner's formulas are the fallback. Each lever set is asked
-    once per plan."""
+    once per plan.
+
+    SGLang is asked about the model planned for: the request's ``model`` directory in
+    place of the running one's ``model_path``; an inline ``config_json`` has no directory
+    SGLang could read, so the planner's formulas answer (never the running model's
+    figures under another model's name)."""
     if not sup.schema_live:
         return None, None
+    if body is not None and body.config_json is not None:
+        return None, None
+    model_path = str(Path(body.model).expanduser()) if body and body.model else None
     facts = gpu_facts(sup)
     if facts is None:
         return None, None
     answers: dict[str, Verdict | None] = {}
 
     def ask(levers: Mapping[str, Any]) -> Verdict | None:
-        key = json.dumps(dict(levers), sort_keys=True, default=str)
+        asked = dict(levers) if model_path is None else {**levers, "model_path": model_path}
+        key = json.dumps(asked, sort_keys=True, default=str)
         if key not in answers:
-            candidate = LeverSet(dict(levers), dict(sup.levers.env))
+            candidate = LeverSet(asked, dict(sup.levers.env))
             try:
                 answers[key] = resolve_levers(
                     sup.settings.server.python,
@@ -286,7 +297,8 @@ async def post_plan(sup: SupervisorDep, body: PlanRequest | None = None) -> dict
     422 when the model cannot be found or read, or the inputs cannot be planned for.
     """
     try:
-        out = await make_plan(body or PlanRequest(), sup.view(), sup.backend, sglang_oracle(sup))
+        body = body or PlanRequest()
+        out = await make_plan(body, sup.view(), sup.backend, sglang_oracle(sup, body))
         # Secrets among the current levers (api_key...) are not shown; the proposal's own
         # levers are capacity levers, kept as they are so they can be sent to POST /levers.
         return {**redact(out), "levers": out["levers"], "apply": out["apply"]}
