@@ -99,8 +99,14 @@ def gpu_facts(sup: Supervisor) -> GpuFacts | None:
     if sup.backend.name == "simulated":
         mib = min(g.memory_total_bytes for g in sup.managed) >> 20
         return GpuFacts.simulated(len(sup.managed), mib)
+    # The compute capability and driver version NVML reports (the table of GPU names
+    # only where NVML could not say).
+    first = sup.managed[0]
     return GpuFacts.of_gpus(
-        [g.name for g in sup.managed], [g.memory_total_bytes for g in sup.managed]
+        [g.name for g in sup.managed],
+        [g.memory_total_bytes for g in sup.managed],
+        capability=first.capability,
+        driver_version=first.driver_version,
     )
 
 
