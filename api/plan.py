@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from supervisor.layout import Layout
 from supervisor.levers import LeverSet
 from supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
 from supervisor.planner.proposal import Resolver, Validator
+from supervisor.planner.stopcost import StopBudget
 from supervisor.redact import redact
 from supervisor.resolution import Verdict, resolve_levers
 from supervisor.sglang_parser import ParserUnavailable
@@ -243,6 +245,7 @@ async def make_plan(
     view: SupervisorView,
     backend: Backend,
     oracle: tuple[Validator | None, Resolver | None] | None = None,
+    stop: StopBudget | None = None,
 ) -> dict[str, Any]:
     """The proposal as JSON. ``PlanError`` when it cannot be made.
 
@@ -256,7 +259,7 @@ async def make_plan(
         backend=backend,
         env={**os.environ, **view.backend_env, **view.levers.env},
     )
-    hardware = _hardware(body, view)
+    hardware = replace(_hardware(body, view), stop=stop)
     live = _live(view)
     avg, avg_source = _avg_tokens(body, view, backend, live)
     validate, resolve = oracle if oracle is not None else (None, None)
@@ -298,7 +301,15 @@ async def post_plan(sup: SupervisorDep, body: PlanRequest | None = None) -> dict
     """
     try:
         body = body or PlanRequest()
-        out = await make_plan(body, sup.view(), sup.backend, sglang_oracle(sup, body))
+        t = sup.settings.timeouts
+        stop = StopBudget(
+            budget_s=t.stop_budget_s,
+            stop_grace_s=t.stop_grace_s,
+            kill_timeout_s=t.kill_timeout_s,
+            release_timeout_s=t.release_timeout_s,
+            release_s_per_pinned_gib=t.release_s_per_pinned_gib,
+        )
+        out = await make_plan(body, sup.view(), sup.backend, sglang_oracle(sup, body), stop)
         # Secrets among the current levers (api_key...) are not shown; the proposal's own
         # levers are capacity levers, kept as they are so they can be sent to POST /levers.
         return {**redact(out), "levers": out["levers"], "apply": out["apply"]}

@@ -12,6 +12,7 @@ from supervisor.planner.inputs import lever_bool, lever_float, lever_int
 from supervisor.planner.memory import sglang_reserve
 from supervisor.planner.model import ModelSpec
 from supervisor.planner.pools import pools
+from supervisor.planner.stopcost import StopBudget
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,8 @@ class Hardware:
     host_ram_available_bytes: int
     gpu_source: str = "given"
     host_ram_source: str = "given"
+    #: The daemon's stop deadlines and the service's stop budget (None: not bounded).
+    stop: StopBudget | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
