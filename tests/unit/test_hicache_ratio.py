@@ -7,6 +7,7 @@ GPU. Never refuse a set SGLang would start; an unknown model warns, never refuse
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,11 @@ from supervisor import planner, preflight
 from supervisor.gpu import GpuInfo
 from supervisor.levers import LeverSet
 from supervisor.planner.hostpool import DevicePool
+from tests.inprocess import api_client
 from tests.planner_cases import H200, planner_model
+from tests.unit.fakes import FakeProbe, run
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "models"
 
 GiB = 1 << 30
 GB = 10**9
@@ -88,3 +93,30 @@ def test_the_running_servers_ratio_pool_frees_what_sglang_pinned() -> None:
     _, freed = preflight.running_host_pool(levers, H200, host, pool)
     assert freed == 8 * pool.host_bytes(4)
     assert planner.GB == GB
+
+
+def test_apply_of_a_ratio_sglang_starts_is_not_refused_by_preflight(tmp_path: Path) -> None:
+    """Through the API, on the simulated 2,048 GiB host with 8 H200s: DeepSeek-V3 TP8
+    hicache_ratio 4 applies (SGLang pins 1,564 GB); ratio 12 is refused before the stop,
+    the server's pid unchanged."""
+
+    async def scenario() -> None:
+        probe = FakeProbe(8, memory_total_bytes=H200)
+        model = str(DATA / "deepseek-v3")
+        levers = {"model_path": model, "tp_size": 8}
+        async with api_client(tmp_path, probe=probe, levers=levers) as (client, rig, _):
+            pid = rig.sup.server.handle.pid if rig.sup.server else None
+            bad = {**levers, **DSV3, "hicache_ratio": 12}
+            r = await client.post("/levers?wait=true", json={"levers": bad})
+            assert r.status_code == 422, r.text
+            (problem,) = r.json()["detail"]["problems"]
+            assert problem["lever"] == "hicache_ratio"
+            assert "× the device pool of" in problem["message"]
+            assert (rig.sup.server.handle.pid if rig.sup.server else None) == pid
+            good = {**levers, **DSV3, "hicache_ratio": 4}
+            r = await client.post("/levers?wait=true", json={"levers": good})
+            assert r.status_code == 200, r.text
+            assert r.json()["operation"]["state"] == "succeeded", r.text
+            assert rig.sup.levers.levers["hicache_ratio"] == 4
+
+    run(scenario, timeout=30)
