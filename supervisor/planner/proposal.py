@@ -25,6 +25,7 @@ from supervisor.planner.model import GB, GiB, MiB, ModelSpec, PlanError
 from supervisor.planner.notes import honest_notes
 from supervisor.planner.pools import pools
 from supervisor.planner.report import LeverNote, Plan, in_effect, reason
+from supervisor.planner.sharding import head_problem
 from supervisor.planner.stopcost import StopBudget
 
 #: Host RAM the planner leaves to the OS, page cache, the tokenizer and detokenizer and the
@@ -218,6 +219,10 @@ def propose(
             f"{shape.describe()} needs {shape.gpus_needed} GPUs but the plan has "
             f"{hardware.gpus}; give more GPUs or lower tp_size/dp_size in the current levers"
         )
+    m = model.shape
+    bad = head_problem(m.num_attention_heads, m.num_kv_heads, m.is_mla, current, model.source)
+    if bad is not None:
+        raise PlanError(bad[1])
     gpu, host = hardware.gpu_memory_bytes, hardware.host_ram_available_bytes
     now = capacity(
         model, current, gpu, avg_tokens, host, resolved=resolve(current) if resolve else None

@@ -37,31 +37,24 @@ def _int(cfg: Mapping[str, Any], *keys: str) -> int | None:
     return None
 
 
-def sharding_problems(
-    config: Mapping[str, Any], levers: Mapping[str, Any], where: str
-) -> list[tuple[str, str]]:
-    """(lever, message) for each way ``levers`` split the model of ``config`` that
-    SGLang's model construction refuses; ``where`` names the config.json."""
-    cfg = _text(config)
+def head_problem(
+    heads: int | None, kv_heads: int | None, mla: bool, levers: Mapping[str, Any], where: str
+) -> tuple[str, str] | None:
+    """(lever, message) when the attention TP group of ``levers`` cannot split the
+    model's query or KV heads as SGLang's ``QKVParallelLinear`` requires; else None."""
     lay = Layout.of(levers)
     tp = lay.attn_tp_size
-    problems: list[tuple[str, str]] = []
-    heads = _int(cfg, "num_attention_heads", "n_head")
-    kv_heads = _int(cfg, "num_key_value_heads", "n_kv_heads") or heads
-    mla = cfg.get("kv_lora_rank") is not None
     split = f"tp_size {lay.tp_size}" + (
         f" (attention TP {tp} with attn_dp_size {lay.attn_dp_size})" if tp != lay.tp_size else ""
     )
     if heads and tp > 1 and heads % tp:
-        problems.append(
-            (
-                "tp_size",
-                f"{split} does not divide the model's {heads} attention heads ({where}): "
-                f"SGLang 0.5.23 fails building the model (layers/linear.py:1139, "
-                f"{heads} is not divisible by {tp}); use a tp_size that divides {heads}",
-            )
+        return (
+            "tp_size",
+            f"{split} does not divide the model's {heads} attention heads ({where}): "
+            f"SGLang 0.5.23 fails building the model (layers/linear.py:1139, "
+            f"{heads} is not divisible by {tp}); use a tp_size that divides {heads}",
         )
-    elif kv_heads and tp > 1 and not mla:
+    if kv_heads and tp > 1 and not mla:
         bad = kv_heads % tp if kv_heads >= tp else tp % kv_heads
         if bad:
             fits = [
@@ -69,16 +62,30 @@ def sharding_problems(
                 for n in (1, 2, 4, 8, 16)
                 if (kv_heads % n if kv_heads >= n else n % kv_heads) == 0
             ]
-            problems.append(
-                (
-                    "tp_size",
-                    f"{split} cannot split the model's {kv_heads} KV heads ({where}): SGLang "
-                    "0.5.23 splits KV heads evenly over the attention TP ranks or replicates "
-                    "them whole (layers/linear.py:1141-1145, models/llama.py:186-193) and "
-                    f"fails building the model; use e.g. tp_size "
-                    f"{' or '.join(str(n) for n in fits)}",
-                )
+            return (
+                "tp_size",
+                f"{split} cannot split the model's {kv_heads} KV heads ({where}): SGLang "
+                "0.5.23 splits KV heads evenly over the attention TP ranks or replicates "
+                "them whole (layers/linear.py:1141-1145, models/llama.py:186-193) and "
+                f"fails building the model; use e.g. tp_size "
+                f"{' or '.join(str(n) for n in fits)}",
             )
+    return None
+
+
+def sharding_problems(
+    config: Mapping[str, Any], levers: Mapping[str, Any], where: str
+) -> list[tuple[str, str]]:
+    """(lever, message) for each way ``levers`` split the model of ``config`` that
+    SGLang's model construction refuses; ``where`` names the config.json."""
+    cfg = _text(config)
+    heads = _int(cfg, "num_attention_heads", "n_head")
+    kv_heads = _int(cfg, "num_key_value_heads", "n_kv_heads") or heads
+    mla = cfg.get("kv_lora_rank") is not None
+    problems: list[tuple[str, str]] = []
+    head = head_problem(heads, kv_heads, mla, levers, where)
+    if head is not None:
+        problems.append(head)
     experts = _int(cfg, "n_routed_experts", "num_experts", "num_local_experts")
     ep = lever_int(levers, "ep_size") or 1
     if experts and ep > 1 and experts % ep:

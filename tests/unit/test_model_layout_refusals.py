@@ -58,3 +58,15 @@ def test_experts_must_divide_over_ep_size() -> None:
     assert sharding_problems(MODELS["DeepSeek-V3"], {"tp_size": 8, "ep_size": 8}, "x") == []
     ((lever, msg),) = sharding_problems(MODELS["DeepSeek-V3"], {"tp_size": 8, "ep_size": 3}, "x")
     assert lever == "ep_size" and "256 routed experts" in msg and "layer.py:414" in msg
+
+
+def test_the_planner_refuses_phi4_at_tp4_with_the_same_reason() -> None:
+    """The planner (and so POST /plan, a 422) no longer plans a layout SGLang cannot build."""
+    from supervisor import planner
+    from tests.planner_cases import H200, planner_model
+
+    hw = planner.Hardware(gpus=8, gpu_memory_bytes=H200, host_ram_available_bytes=512 << 30)
+    with pytest.raises(planner.PlanError, match=r"tp_size 4 cannot split the model's 10 KV"):
+        planner.propose(planner_model("phi-4"), hw, {"tp_size": 4}, avg_tokens=4096)
+    plan = planner.propose(planner_model("phi-4"), hw, {"tp_size": 2}, avg_tokens=4096)
+    assert plan.current.ranks == 2
