@@ -314,3 +314,14 @@ def test_default_fraction_and_chunk_match_sglangs_pipeline(
     model = capacity.SIM_MODEL if name == "Llama-3.1-70B" else planner_model(name)
     cap = planner.capacity(model, levers, H200, 4096)
     assert (cap.mem_fraction_static, cap.chunked_prefill_size) == (fraction, chunk)
+
+
+def test_pools_are_whole_pages() -> None:
+    """pool_configurator.py:641-646: max_total_num_tokens // page_size * page_size —
+    DeepSeek-V3 TP8 page 64: 695,635 → 695,616; gpt-oss's SWA pool is the ratio of the
+    aligned full pool, aligned again (:879-881)."""
+    dsv3 = planner.capacity(planner_model("DeepSeek-V3"), {"tp_size": 8, "page_size": 64}, H200, 1)
+    assert dsv3.kv_tokens_per_rank == 695_635 // 64 * 64 == 695_616
+    gpt = planner.capacity(planner_model("gpt-oss-120b"), {"tp_size": 8, "page_size": 16}, H200, 1)
+    assert gpt.kv_tokens_per_rank % 16 == 0
+    assert gpt.swa_tokens_per_rank == int(gpt.kv_tokens_per_rank * 0.8) // 16 * 16
