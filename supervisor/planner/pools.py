@@ -120,6 +120,9 @@ class Pools:
     weight_bytes_per_rank: int
     #: ``fraction × total − weights``: what the pools share.
     budget_bytes: int
+    #: What is left of it for the KV pools after the state pool (SGLang's
+    #: ``available_bytes`` for ``calculate_pool_sizes``, pool_configurator.py:637-646).
+    kv_budget_bytes: int
     #: ``max_total_num_tokens``: the full pool (capped by ``max_total_tokens``).
     kv_tokens: int
     swa_tokens: int
@@ -236,6 +239,7 @@ def pools(model: ModelSpec, levers: Mapping[str, Any], gpu_bytes: int) -> Pools:
         mem_fraction_static=fraction,
         weight_bytes_per_rank=weights,
         budget_bytes=int(budget),
+        kv_budget_bytes=int(rest),
         kv_tokens=tokens,
         swa_tokens=swa,
         mamba_slots=max(0, slots),
