@@ -7,6 +7,8 @@ kill_timeout_s + release_timeout_s + release_s_per_pinned_gib × GiB) within
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from supervisor import planner
 from supervisor.config import TimeoutSettings
 from supervisor.planner.stopcost import StopBudget
@@ -37,6 +39,12 @@ def test_without_a_budget_the_plan_pins_1833_gib() -> None:
     plan = _plan(None)
     assert plan.levers["enable_hierarchical_cache"] is True
     assert round(plan.proposed.host_ram_needed_bytes / GiB) in range(1820, 1834)
+
+
+def test_the_stop_budget_is_the_units_timeoutstopsec() -> None:
+    unit = Path(__file__).resolve().parents[2] / "systemd" / "sglang-supervisor.service"
+    (line,) = [x for x in unit.read_text().splitlines() if x.startswith("TimeoutStopSec=")]
+    assert float(line.split("=", 1)[1]) == TimeoutSettings().stop_budget_s
 
 
 def test_the_proposal_stops_within_the_services_budget() -> None:
