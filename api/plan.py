@@ -30,6 +30,7 @@ from supervisor.engine.server import flags, server_env
 from supervisor.layout import Layout
 from supervisor.levers import LeverSet
 from supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
+from supervisor.planner.hostpool import DevicePool, ratio_host_bytes_per_rank
 from supervisor.planner.proposal import Resolver, Validator
 from supervisor.planner.stopcost import StopBudget
 from supervisor.redact import redact
@@ -173,8 +174,10 @@ def sglang_oracle(
     return validate, resolve
 
 
-def _hardware(body: PlanRequest, view: SupervisorView) -> Hardware:
-    """The GPUs and host RAM to plan for: the request's, else what the daemon manages."""
+def _hardware(body: PlanRequest, view: SupervisorView, model: ModelSpec | None = None) -> Hardware:
+    """The GPUs and host RAM to plan for: the request's, else what the daemon manages
+    (``model``: the running server's, when the plan is for it — its explicit
+    ``hicache_ratio`` pool is then sized as SGLang sized it)."""
     managed = view.managed
     simulated = view.backend == "simulated"
     what = f"{len(managed)} simulated GPUs" if simulated else f"{len(managed)} managed GPUs"
@@ -195,7 +198,14 @@ def _hardware(body: PlanRequest, view: SupervisorView) -> Hardware:
         server = view.server
         if not simulated and server is not None:
             # As preflight counts it: the running server's host pool is freed by the apply.
-            freed = preflight.pinned_host_bytes(server.levers.levers, gpu_bytes)
+            running = server.levers.levers
+            pool = DevicePool.of(model, running, gpu_bytes) if model is not None else None
+            by_ratio = ratio_host_bytes_per_rank(running, pool)
+            freed = (
+                Layout.of(running).ranks * by_ratio
+                if by_ratio
+                else preflight.pinned_host_bytes(running, gpu_bytes)
+            )
             if freed:
                 ram += freed
                 ram_source += f" + {freed / GiB:.0f} GiB the running server's host cache frees"
@@ -259,7 +269,8 @@ async def make_plan(
         backend=backend,
         env={**os.environ, **view.backend_env, **view.levers.env},
     )
-    hardware = replace(_hardware(body, view), stop=stop)
+    own = body.model is None and body.config_json is None
+    hardware = replace(_hardware(body, view, model if own else None), stop=stop)
     live = _live(view)
     avg, avg_source = _avg_tokens(body, view, backend, live)
     validate, resolve = oracle if oracle is not None else (None, None)

@@ -18,7 +18,7 @@ from supervisor.levers import LeverSet
 from supervisor.planner.hostpool import DevicePool
 from tests.inprocess import api_client
 from tests.planner_cases import H200, planner_model
-from tests.unit.fakes import FakeProbe, run
+from tests.unit.fakes import FakeProbe, make_rig, run
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "models"
 
@@ -118,5 +118,37 @@ def test_apply_of_a_ratio_sglang_starts_is_not_refused_by_preflight(tmp_path: Pa
             assert r.status_code == 200, r.text
             assert r.json()["operation"]["state"] == "succeeded", r.text
             assert rig.sup.levers.levers["hicache_ratio"] == 4
+
+    run(scenario, timeout=30)
+
+
+def test_plan_counts_what_a_running_ratio_cache_frees_as_sglang_sized_it(
+    tmp_path: Path,
+) -> None:
+    """POST /plan's host RAM adds what the running server's host cache frees at the stop:
+    an explicit hicache_ratio 4 on DeepSeek-V3 TP8 pinned 8 × 195.5 GB (SGLang's sizing),
+    not 8 × 542.7 GB (ratio × 0.9 × the GPU)."""
+    from api.plan import PlanRequest, _hardware
+
+    async def scenario() -> None:
+        probe = FakeProbe(8, memory_total_bytes=H200)
+        levers = {"model_path": "m", **DSV3, "hicache_ratio": 4}
+        rig = make_rig(tmp_path, probe=probe, backend_name="sglang", levers=levers)
+        await rig.start_ready()
+        try:
+            model = planner_model("DeepSeek-V3")
+            view = rig.sup.view()
+            without = _hardware(PlanRequest(), view, None).host_ram_available_bytes
+            hw = _hardware(PlanRequest(), view, model)
+            pool = DevicePool.of(model, levers, H200)
+            freed = hw.host_ram_available_bytes - (
+                without - preflight.pinned_host_bytes(levers, H200)
+            )
+            assert freed == 8 * pool.host_bytes(4)
+            assert (
+                f"{8 * pool.host_bytes(4) / GiB:.0f} GiB the running server" in hw.host_ram_source
+            )
+        finally:
+            await rig.sup.shutdown()
 
     run(scenario, timeout=30)
