@@ -325,3 +325,13 @@ def test_pools_are_whole_pages() -> None:
     gpt = planner.capacity(planner_model("gpt-oss-120b"), {"tp_size": 8, "page_size": 16}, H200, 1)
     assert gpt.kv_tokens_per_rank % 16 == 0
     assert gpt.swa_tokens_per_rank == int(gpt.kv_tokens_per_rank * 0.8) // 16 * 16
+
+
+def test_qwen3_next_proposal_respects_the_extra_buffer_request_cap() -> None:
+    """The proposed max_running_requests is the state slots / 5 at SGLang's default
+    strategy (kv_cache_configurator.py:3062-3088, :3134-3151): 5,863 // 5 = 1,172 at the
+    proposed 0.928 — it was 1,954 (slots / 3), which SGLang would cap at start."""
+    hw = planner.Hardware(gpus=8, gpu_memory_bytes=H200, host_ram_available_bytes=512 * GiB)
+    plan = planner.propose(planner_model("Qwen3-Next-80B-A3B"), hw, {"tp_size": 8}, avg_tokens=1000)
+    assert plan.proposed.mamba_slots_per_rank == 5863
+    assert plan.levers["max_running_requests"] == 5863 // 5 == 1172
