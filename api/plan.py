@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,9 @@ from supervisor.engine.server import flags, server_env
 from supervisor.layout import Layout
 from supervisor.levers import LeverSet
 from supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
+from supervisor.planner.hostpool import DevicePool, ratio_host_bytes_per_rank
 from supervisor.planner.proposal import Resolver, Validator
+from supervisor.planner.stopcost import StopBudget
 from supervisor.redact import redact
 from supervisor.resolution import Verdict, resolve_levers
 from supervisor.sglang_parser import ParserUnavailable
@@ -117,23 +120,34 @@ def resolve_model(
     )
 
 
-def sglang_oracle(sup: Supervisor) -> tuple[Validator | None, Resolver | None]:
+def sglang_oracle(
+    sup: Supervisor, body: PlanRequest | None = None
+) -> tuple[Validator | None, Resolver | None]:
     """SGLang's own resolution pipeline, in the server's interpreter, as the planner's
     validator (a candidate it refuses is never proposed) and source of defaults (its
     resolved ``mem_fraction_static``); (None, None) where SGLang is not installed or the
     GPUs are unknown: the planner's formulas are the fallback. Each lever set is asked
-    once per plan."""
+    once per plan.
+
+    SGLang is asked about the model planned for: the request's ``model`` directory in
+    place of the running one's ``model_path``; an inline ``config_json`` has no directory
+    SGLang could read, so the planner's formulas answer (never the running model's
+    figures under another model's name)."""
     if not sup.schema_live:
         return None, None
+    if body is not None and body.config_json is not None:
+        return None, None
+    model_path = str(Path(body.model).expanduser()) if body and body.model else None
     facts = gpu_facts(sup)
     if facts is None:
         return None, None
     answers: dict[str, Verdict | None] = {}
 
     def ask(levers: Mapping[str, Any]) -> Verdict | None:
-        key = json.dumps(dict(levers), sort_keys=True, default=str)
+        asked = dict(levers) if model_path is None else {**levers, "model_path": model_path}
+        key = json.dumps(asked, sort_keys=True, default=str)
         if key not in answers:
-            candidate = LeverSet(dict(levers), dict(sup.levers.env))
+            candidate = LeverSet(asked, dict(sup.levers.env))
             try:
                 answers[key] = resolve_levers(
                     sup.settings.server.python,
@@ -160,8 +174,10 @@ def sglang_oracle(sup: Supervisor) -> tuple[Validator | None, Resolver | None]:
     return validate, resolve
 
 
-def _hardware(body: PlanRequest, view: SupervisorView) -> Hardware:
-    """The GPUs and host RAM to plan for: the request's, else what the daemon manages."""
+def _hardware(body: PlanRequest, view: SupervisorView, model: ModelSpec | None = None) -> Hardware:
+    """The GPUs and host RAM to plan for: the request's, else what the daemon manages
+    (``model``: the running server's, when the plan is for it — its explicit
+    ``hicache_ratio`` pool is then sized as SGLang sized it)."""
     managed = view.managed
     simulated = view.backend == "simulated"
     what = f"{len(managed)} simulated GPUs" if simulated else f"{len(managed)} managed GPUs"
@@ -182,7 +198,14 @@ def _hardware(body: PlanRequest, view: SupervisorView) -> Hardware:
         server = view.server
         if not simulated and server is not None:
             # As preflight counts it: the running server's host pool is freed by the apply.
-            freed = preflight.pinned_host_bytes(server.levers.levers, gpu_bytes)
+            running = server.levers.levers
+            pool = DevicePool.of(model, running, gpu_bytes) if model is not None else None
+            by_ratio = ratio_host_bytes_per_rank(running, pool)
+            freed = (
+                Layout.of(running).ranks * by_ratio
+                if by_ratio
+                else preflight.pinned_host_bytes(running, gpu_bytes)
+            )
             if freed:
                 ram += freed
                 ram_source += f" + {freed / GiB:.0f} GiB the running server's host cache frees"
@@ -232,6 +255,7 @@ async def make_plan(
     view: SupervisorView,
     backend: Backend,
     oracle: tuple[Validator | None, Resolver | None] | None = None,
+    stop: StopBudget | None = None,
 ) -> dict[str, Any]:
     """The proposal as JSON. ``PlanError`` when it cannot be made.
 
@@ -245,9 +269,11 @@ async def make_plan(
         backend=backend,
         env={**os.environ, **view.backend_env, **view.levers.env},
     )
+    own = body.model is None and body.config_json is None
     # The host's RAM and cgroup limits are /proc and /sys reads: off the event loop too
     # (``view`` is a frozen snapshot, safe to read there).
-    hardware = await asyncio.to_thread(_hardware, body, view)
+    hardware = await asyncio.to_thread(_hardware, body, view, model if own else None)
+    hardware = replace(hardware, stop=stop)
     live = _live(view)
     avg, avg_source = _avg_tokens(body, view, backend, live)
     validate, resolve = oracle if oracle is not None else (None, None)
@@ -288,7 +314,16 @@ async def post_plan(sup: SupervisorDep, body: PlanRequest | None = None) -> dict
     422 when the model cannot be found or read, or the inputs cannot be planned for.
     """
     try:
-        out = await make_plan(body or PlanRequest(), sup.view(), sup.backend, sglang_oracle(sup))
+        body = body or PlanRequest()
+        t = sup.settings.timeouts
+        stop = StopBudget(
+            budget_s=t.stop_budget_s,
+            stop_grace_s=t.stop_grace_s,
+            kill_timeout_s=t.kill_timeout_s,
+            release_timeout_s=t.release_timeout_s,
+            release_s_per_pinned_gib=t.release_s_per_pinned_gib,
+        )
+        out = await make_plan(body, sup.view(), sup.backend, sglang_oracle(sup, body), stop)
         # Secrets among the current levers (api_key...) are not shown; the proposal's own
         # levers are capacity levers, kept as they are so they can be sent to POST /levers.
         return {**redact(out), "levers": out["levers"], "apply": out["apply"]}

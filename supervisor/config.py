@@ -84,6 +84,10 @@ class TimeoutSettings(_Section):
     release_timeout_s: float = Field(60.0, gt=0)
     #: Extra release time per GiB of pinned host memory (hicache): ~0.2 s/GiB measured on H200.
     release_s_per_pinned_gib: float = Field(0.25, ge=0)
+    #: The service's budget for a whole stop: the unit's TimeoutStopSec (360). The plan
+    #: keeps the teardown deadline of its proposal (stop_grace_s + kill_timeout_s +
+    #: release_timeout_s + release_s_per_pinned_gib x pinned GiB) within it.
+    stop_budget_s: float = Field(360.0, gt=0)
     #: Memory above baseline still counted as released (driver noise, other tenants' jitter).
     release_tolerance_mib: int = Field(512, ge=0)
     #: Consecutive clean samples needed before a GPU counts as released.

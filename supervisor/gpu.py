@@ -24,6 +24,10 @@ class GpuInfo:
     uuid: str
     name: str
     memory_total_bytes: int
+    #: CUDA compute capability (major, minor) from NVML; None when it is not known.
+    capability: tuple[int, int] | None = None
+    #: The NVIDIA driver's version from NVML (e.g. "580.95.05"); None when not known.
+    driver_version: str | None = None
 
 
 class GpuProcess(NamedTuple):

@@ -176,9 +176,37 @@ class NvmlProbe:
                     uuid=uuid,
                     name=name,
                     memory_total_bytes=int(self._memory(index, handle).total),
+                    capability=self._capability(index, handle),
+                    driver_version=self._driver_version(),
                 )
             )
         return out
+
+    def _optional(self, name: str, gpu: int | None, *args: Any) -> Any:
+        """An NVML query whose answer only refines SGLang's resolution (compute
+        capability, driver version): None, logged, when the driver lacks it or fails."""
+        nvml = self._ready()
+        if not callable(getattr(nvml, name, None)):
+            log.info("NVML has no %s (old nvidia-ml-py): %s unknown", name, name[4:])
+            return None
+        try:
+            return self._guard(nvml, name, gpu, *args)
+        except GpuQueryError as exc:
+            log.warning("%s; SGLang's resolution runs without it", exc)
+            return None
+
+    def _capability(self, index: int, handle: Any) -> tuple[int, int] | None:
+        """``nvmlDeviceGetCudaComputeCapability``: (major, minor), what SGLang's
+        ``torch.cuda.get_device_capability`` reads on this GPU."""
+        cap = self._optional("nvmlDeviceGetCudaComputeCapability", index, handle)
+        if isinstance(cap, (tuple, list)) and len(cap) == 2:
+            return int(cap[0]), int(cap[1])
+        return None
+
+    def _driver_version(self) -> str | None:
+        """``nvmlSystemGetDriverVersion`` (SGLang's ``get_nvidia_driver_version_str``)."""
+        version = self._optional("nvmlSystemGetDriverVersion", None)
+        return None if version is None else _text(version)
 
     def sample(self, indices: Sequence[int]) -> list[GpuSample]:
         """Used memory and compute processes of each GPU in ``indices`` (NVML indices).

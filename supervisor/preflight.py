@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,10 @@ from supervisor.planner.hicache import (
     held_host_bytes,
     host_pool_bytes_per_rank,
 )
+from supervisor.planner.hostpool import DevicePool, describe, ratio_host_bytes_per_rank
 from supervisor.units import GB, GiB
+
+log = logging.getLogger("supervisor")
 
 
 def _int(levers: Mapping[str, Any], name: str, default: int = 1) -> int:
@@ -67,13 +71,24 @@ def host_facts(simulated_ram_bytes: int | None) -> HostFacts:
 
 
 def running_host_pool(
-    levers: Mapping[str, Any], gpu_total_bytes: int, host: HostFacts
+    levers: Mapping[str, Any],
+    gpu_total_bytes: int,
+    host: HostFacts,
+    device_pool: DevicePool | None = None,
 ) -> tuple[HostFacts, int]:
     """The host as the new server would find it while the running server (``levers``)
     still holds its hierarchical cache, and the pinned bytes that cache frees at the stop
     (``supervisor.planner.hicache.held_host_bytes``: SGLang's auto-sizing rule, not ratio
-    2.0). The simulated host's RAM is what is available with nothing of ours running: the
+    2.0). An explicit ``hicache_ratio`` is a multiple of the running server's device pool
+    (``device_pool``, SGLang's sizing: ``supervisor.planner.hostpool``) where it is known.
+    The simulated host's RAM is what is available with nothing of ours running: the
     running simulated server's pools, sized from it, are taken out first."""
+    by_ratio = ratio_host_bytes_per_rank(levers, device_pool)
+    if by_ratio:
+        held = ranks(levers) * by_ratio
+        if host.ram_source == "simulated":
+            host = HostFacts(max(0, host.available_ram_bytes - held), host.ram_source)
+        return host, held
     if host.ram_source == "simulated":
         taken = pinned_host_bytes(levers, gpu_total_bytes, host.available_ram_bytes)
         host = HostFacts(max(0, host.available_ram_bytes - taken), host.ram_source)
@@ -118,11 +133,15 @@ def check(
     server_host: str,
     server_port: int,
     port_is_ours: bool,
+    device_pool: DevicePool | None = None,
 ) -> list[LeverProblem]:
     """Every reason ``levers`` cannot start on this host; empty when it can.
 
     ``freed_on_stop_bytes`` is the pinned host memory the running server gives back when
     it stops (its own hierarchical cache), counted as available for the new one.
+    ``device_pool``: one rank's device KV pool for ``levers`` (from the planner's numbers),
+    which an explicit ``hicache_ratio`` multiplies as SGLang does; without it such a host
+    pool is not refused (SGLang itself checks it at start), only warned about.
     """
     lv = levers.levers
     problems: list[LeverProblem] = []
@@ -162,15 +181,31 @@ def check(
                 "RAM or set hicache_size explicitly",
             )
         )
-    per_rank = host_pool_bytes_per_rank(lv, gpu_total, available)
-    if per_rank and not auto_sized(lv):
+    by_ratio = ratio_host_bytes_per_rank(lv, device_pool)
+    per_rank = host_pool_bytes_per_rank(lv, gpu_total, available) if by_ratio == 0 else by_ratio
+    if per_rank is None:
+        # pool_host/base.py:215-229 sizes it from the device pool after the weights; with
+        # the model unknown here, never refuse what SGLang may well start.
+        log.warning(
+            "hicache_ratio=%s: the device KV pool of %s is unknown on this host (no "
+            "config.json), so its pinned host pool is not checked before the stop; SGLang "
+            "refuses it at start if it does not fit",
+            lv.get("hicache_ratio"),
+            lv.get("model_path"),
+        )
+    elif per_rank and not auto_sized(lv):
         total = ranks(lv) * per_rank
         if total > budget:
             lever = "hicache_size" if _int(lv, "hicache_size", 0) > 0 else "hicache_ratio"
+            of = (
+                f" ({lv.get('hicache_ratio')} × the device pool of {describe(device_pool)})"
+                if by_ratio and device_pool is not None
+                else ""
+            )
             problems.append(
                 LeverProblem(
                     lever,
-                    f"the hierarchical cache needs {per_rank / GB:.1f} GB per rank × "
+                    f"the hierarchical cache needs {per_rank / GB:.1f} GB per rank{of} × "
                     f"{shape.ranks} ranks = {total / GB:.1f} GB of pinned host RAM, but only "
                     f"{available / GB:.1f} GB is available ({host.ram_source}, counting what the "
                     f"running server frees) minus SGLang's {SGLANG_HOST_RAM_MARGIN / GiB:.0f} GiB "

@@ -17,7 +17,9 @@ Each case's SGLang figures come from SGLang 0.5.23 itself, not from the planner:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 MiB = 1 << 20
@@ -116,13 +118,24 @@ MODELS: dict[str, dict[str, Any]] = {
         },
     },
 }
+_DATA = Path(__file__).resolve().parent / "data" / "models"
+# Llama-4-Scout, gemma-3-27b and phi-4: their published config.json files, kept in
+# tests/data/models (also SGLang's resolution's model directories).
+MODELS["Llama-4-Scout"] = json.loads((_DATA / "llama-4-scout" / "config.json").read_text())
+MODELS["gemma-3-27b"] = json.loads((_DATA / "gemma-3-27b" / "config.json").read_text())
+MODELS["phi-4"] = json.loads((_DATA / "phi-4" / "config.json").read_text())
 
-#: The checkpoints' weights (``model.safetensors.index.json`` ``metadata.total_size``).
+#: The checkpoints' weights (``model.safetensors.index.json`` ``metadata.total_size``;
+#: Llama-4-Scout, gemma-3-27b, phi-4: bf16 parameters × 2, text and vision, the figures
+#: issue 20's independent check used).
 WEIGHTS = {
     "DeepSeek-V3": 688_586_727_753,
     "gpt-oss-120b": 65_248_815_744,
     "Qwen3-Next-80B-A3B": 162_651_901_952,
     "Llama-3.1-8B-FP8": 9_080_000_000,
+    "Llama-4-Scout": 217_896_800_000,
+    "gemma-3-27b": 54_867_000_000,
+    "phi-4": 29_319_000_000,
 }
 #: DeepSeek-V3's MTP layer (model.layers.61.*): loaded only with speculative decoding.
 DSV3_MTP = WEIGHTS["DeepSeek-V3"] // 62
@@ -148,6 +161,9 @@ class Case:
     #: Bytes of one request's linear-attention state, and SGLang's ratio (0.9).
     mamba_state: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: SGLang's max_running_requests, set at pool sizing (``resolve_max_num_reqs``,
+    #: kv_cache_configurator.py:3119-3173), after the resolution pipeline.
+    max_running: int | None = None
 
     def kv_tokens(self) -> int:
         """SGLang's ``max_total_num_tokens`` from its formulas and the case's numbers."""
@@ -249,6 +265,46 @@ CASES: list[Case] = [
         "(conv 1024×3 bf16 + SSM 4×128×128 fp32) = 9,658,368 B per request slot",
         source="pool_configurator.py:228-236; configs/qwen3_next.py:260-310; "
         "configs/mamba_utils.py:116-125,196-240; kv_cache_configurator.py:3368-3408",
+        # SGLang's defaults resolve mamba_radix_cache_strategy=extra_buffer
+        # (arg_groups/overrides.py:476-486): 3 + 2 slots per request
+        # (kv_cache_configurator.py:3062-3088): 5604 slots // 5.
+        max_running=1120,
+    ),
+    Case(
+        "Llama-4-Scout TP8",
+        "Llama-4-Scout",
+        {"tp_size": 8},
+        fraction=0.893,
+        cell=1 * 256 * 2 * 12 + 0.8 * 1 * 256 * 2 * 36,
+        weights_per_rank=W["Llama-4-Scout"] // 8,
+        why="a hybrid sliding-window model in SGLang: 12 full layers (every 4th) + 0.8 × 36 "
+        "chunked-attention layers, 512 B each = 20,889.6 B/token, not 24,576",
+        source="configs/model_config.py:2651-2657,2705-2711; pool_configurator.py:656-803,"
+        "1715-1725",
+    ),
+    Case(
+        "Llama-4-Scout TP4 DP2",
+        "Llama-4-Scout",
+        {"tp_size": 4, "dp_size": 2},
+        fraction=0.897,
+        cell=2 * 256 * 2 * 12 + 0.8 * 2 * 256 * 2 * 36,
+        weights_per_rank=W["Llama-4-Scout"] // 4,
+        why="TP4: 2 KV heads per rank, 1024 B per layer: 41,779.2 B/token; two replicas",
+        source="configs/model_config.py:2705-2711; pool_configurator.py:700-716,786-803",
+    ),
+    Case(
+        "gemma-3-27b TP4",
+        "gemma-3-27b",
+        {"tp_size": 4},
+        fraction=0.897,
+        cell=4 * 256 * 2 * 62,
+        weights_per_rank=W["gemma-3-27b"] // 4,
+        why="not a hybrid-SWA model in SGLang: all 62 layers full; context 131,072 from "
+        "the text config (transformers' Gemma3TextConfig default; rope factor nested per "
+        "layer type) → max_running_requests = tokens / 131072 × 512",
+        source="configs/model_config.py:1293,2651-2696; "
+        "utils/hf_transformers/common.py:677-695; kv_cache_configurator.py:3119-3127",
+        max_running=3738,
     ),
     Case(
         "Llama-3.1-8B FP8 (ModelOpt) TP1",

@@ -27,6 +27,10 @@ from supervisor.levers import (
 )
 from supervisor.operations import FAILED, Operation
 from supervisor.phases import OpKind, PhaseName
+from supervisor.planner import PlanError, load_model_dir
+from supervisor.planner.hostpool import DevicePool
+from supervisor.planner.inputs import lever_bool, lever_float
+from supervisor.planner.sharding import model_dir_sharding_problems
 from supervisor.resolution import GpuFacts, Verdict, default_resolver, resolve_levers
 from supervisor.sglang_parser import (
     ParserUnavailable,
@@ -100,8 +104,14 @@ def gpu_facts(sup: Supervisor) -> GpuFacts | None:
     if sup.backend.name == "simulated":
         mib = min(g.memory_total_bytes for g in sup.managed) >> 20
         return GpuFacts.simulated(len(sup.managed), mib)
+    # The compute capability and driver version NVML reports (the table of GPU names
+    # only where NVML could not say).
+    first = sup.managed[0]
     return GpuFacts.of_gpus(
-        [g.name for g in sup.managed], [g.memory_total_bytes for g in sup.managed]
+        [g.name for g in sup.managed],
+        [g.memory_total_bytes for g in sup.managed],
+        capability=first.capability,
+        driver_version=first.driver_version,
     )
 
 
@@ -138,6 +148,10 @@ async def validate_with_sglang(
     t0 = time.monotonic()
     checked = check_levers(requested, sup.schema, complete=True)
     check_gpu_placement(checked, len(sup.managed))
+    # Layouts SGLang fails building the model for (head counts vs tp, experts vs ep).
+    sharding = await asyncio.to_thread(model_dir_sharding_problems, checked.levers)
+    if sharding:
+        raise LeverError([LeverProblem(lever, msg) for lever, msg in sharding])
     detail = f"schema of SGLang {sup.schema.sglang_version}: {(time.monotonic() - t0) * 1e3:.1f} ms"
     if not sup.schema_live:
         return checked, detail + "; SGLang's own parser and resolution not available", None
@@ -249,10 +263,14 @@ async def preflight(sup: Supervisor, levers: LeverSet) -> list[LeverProblem]:
     freed = 0
     # psutil's available RAM and the cgroup limits: /proc and /sys reads, off the loop.
     host = await asyncio.to_thread(host_preflight.host_facts, sup.backend.simulated_host_ram_bytes)
+    pool = await asyncio.to_thread(device_pool, sup, levers)
     if running and sup.server is not None:
         # What the running server's host pool frees at the stop, by SGLang's own sizing rule.
         gpu_total = min((g.memory_total_bytes for g in sup.managed), default=0)
-        host, freed = host_preflight.running_host_pool(sup.server.levers.levers, gpu_total, host)
+        running_pool = await asyncio.to_thread(device_pool, sup, sup.server.levers)
+        host, freed = host_preflight.running_host_pool(
+            sup.server.levers.levers, gpu_total, host, running_pool
+        )
     problems = await asyncio.to_thread(state_dir_problems, sup.journal.dir, sup.journal.logs_dir)
     return problems + await asyncio.to_thread(
         host_preflight.check,
@@ -266,7 +284,33 @@ async def preflight(sup: Supervisor, levers: LeverSet) -> list[LeverProblem]:
         server_host=sup.settings.server.host,
         server_port=sup.settings.server.port,
         port_is_ours=running,
+        device_pool=pool,
     )
+
+
+def device_pool(sup: Supervisor, levers: LeverSet) -> DevicePool | None:
+    """One rank's device KV pool for ``levers`` when an explicit ``hicache_ratio`` needs
+    it (SGLang sizes that host pool as a multiple of it), from the model the server would
+    load: the backend's own (the simulated server's) or the local model directory's
+    config.json; None when the model is unknown here. Blocking: reads the directory."""
+    lv = levers.levers
+    if not lever_bool(lv, "enable_hierarchical_cache") or lever_float(lv, "hicache_ratio") is None:
+        return None
+    gpu_total = min((g.memory_total_bytes for g in sup.managed), default=0)
+    model_path = str(lv.get("model_path") or "")
+    local = Path(model_path).expanduser()
+    try:
+        if sup.backend.plan_model is not None:
+            env = {**os.environ, **sup.backend.env, **levers.env}
+            model = sup.backend.plan_model(model_path, env)
+        elif model_path and (local / "config.json").is_file():
+            model = load_model_dir(local)
+        else:
+            return None
+        return DevicePool.of(model, lv, gpu_total)
+    except (PlanError, OSError, ArithmeticError, ValueError) as exc:
+        log.warning("cannot size the device KV pool of %s for hicache_ratio: %s", model_path, exc)
+        return None
 
 
 def sample_with_members(sup: Supervisor) -> tuple[list[GpuSample], set[int]]:

@@ -12,6 +12,7 @@ from supervisor.planner.inputs import lever_bool, lever_float, lever_int
 from supervisor.planner.memory import sglang_reserve
 from supervisor.planner.model import ModelSpec
 from supervisor.planner.pools import pools
+from supervisor.planner.stopcost import StopBudget
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,8 @@ class Hardware:
     host_ram_available_bytes: int
     gpu_source: str = "given"
     host_ram_source: str = "given"
+    #: The daemon's stop deadlines and the service's stop budget (None: not bounded).
+    stop: StopBudget | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +111,9 @@ def capacity(
     if explicit is None and isinstance(sglang_fraction, (int, float)) and sglang_fraction > 0:
         sized = {**levers, "mem_fraction_static": float(sglang_fraction)}
         source = "SGLang's own resolution"
+    page = (resolved or {}).get("page_size")
+    if lever_int(levers, "page_size") is None and isinstance(page, int) and page > 1:
+        sized = {**sized, "page_size": page}  # SGLang's resolved page (its backend's)
     p = pools(model, sized, gpu_bytes)
     c = p.cells
     tokens = p.kv_tokens

@@ -219,8 +219,7 @@ def model_from_config(
             weight_bytes += mtp_weight_bytes
     elif mtp_weight_bytes is None:
         mtp_weight_bytes = int(weight_bytes) * nextn // (shape.num_layers + nextn)
-    cfg = _text_config(config)
-    ctx = _cfg_opt_int(cfg, "max_position_embeddings")
+    ctx = context_length(config)
     return ModelSpec(
         name=name,
         source=source,
@@ -273,3 +272,49 @@ def load_model_dir(path: Path) -> ModelSpec:
         weight_source=how,
         mtp_weight_bytes=mtp,
     )
+
+
+#: SGLang's context-length keys, in its order of preference
+#: (``srt/utils/hf_transformers/common.py:669-675``).
+CONTEXT_LENGTH_KEYS = (
+    "max_sequence_length",
+    "seq_length",
+    "max_seq_len",
+    "model_max_length",
+    "max_position_embeddings",
+)
+#: transformers' default ``max_position_embeddings`` for text configs whose config.json
+#: leaves it out (SGLang reads the config object, defaults filled in):
+#: ``Gemma3TextConfig`` (transformers 5.19 ``models/gemma3/configuration_gemma3.py:85``).
+CONTEXT_DEFAULTS = {"gemma3_text": 131_072}
+#: Text configs whose rope parameters transformers nests per layer type, so SGLang's
+#: ``rope_scaling.get("factor", 1)`` finds no factor (gemma-3: sliding / full).
+NESTED_ROPE_TYPES = frozenset({"gemma3_text"})
+
+
+def context_length(config: Mapping[str, Any]) -> int | None:
+    """The context length SGLang 0.5.23 derives from the *text* config
+    (``get_context_length``, ``srt/utils/hf_transformers/common.py:677-695``, called on
+    ``hf_text_config`` at ``srt/configs/model_config.py:1293``): the first of its keys,
+    × the rope scaling factor (not for llama3 or with ``original_max_position_embeddings``);
+    transformers' default where config.json leaves the key out. None when unknown."""
+    text = config.get("text_config")
+    cfg: Mapping[str, Any] = text if isinstance(text, Mapping) else config
+    model_type = str(cfg.get("model_type") or "")
+    value: int | None = None
+    for key in CONTEXT_LENGTH_KEYS:
+        value = _cfg_opt_int(cfg, key)
+        if value is not None:
+            break
+    if value is None:
+        value = CONTEXT_DEFAULTS.get(model_type)
+    if value is None:
+        return None
+    rope = cfg.get("rope_scaling")
+    factor = 1.0
+    if isinstance(rope, Mapping) and model_type not in NESTED_ROPE_TYPES:
+        raw = rope.get("factor", 1)
+        factor = float(raw) if isinstance(raw, (int, float)) else 1.0
+        if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
+            factor = 1.0
+    return int(factor * value)

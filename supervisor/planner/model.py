@@ -146,9 +146,14 @@ class ModelShape:
                 f"kv_heads={kv_heads}, hidden_size={hidden}, head_dim={head_dim}); "
                 "check the file"
             )
-        swa, linear, full = _layer_kinds(cfg, layers)
+        swa, linear, full = _layer_kinds(cfg, layers, arch)
         lin = _linear_attention(cfg) if linear else None
-        window = _cfg_opt_int(cfg, "sliding_window") if swa else None
+        window = None
+        if swa:
+            # model_config.py:797-800,1961-1965: Llama-4's window is its attention chunk.
+            window = _cfg_opt_int(cfg, "sliding_window") or _cfg_opt_int(
+                cfg, "attention_chunk_size"
+            )
         return cls(
             architecture=arch,
             num_layers=layers,
@@ -169,11 +174,47 @@ class ModelShape:
         )
 
 
-def _layer_kinds(cfg: Mapping[str, Any], layers: int) -> tuple[int, int, int | None]:
+#: Architectures SGLang 0.5.23 builds a hybrid sliding-window pool for
+#: (``srt/configs/model_config.py:88-96`` ``SWA_SINK_ARCHS`` and ``:2651-2696``
+#: ``is_hybrid_swa_model``); any other model's sliding layers (gemma-3's, Mistral's)
+#: keep a full KV history in SGLang's pool.
+HYBRID_SWA_ARCHS = frozenset(
+    {
+        "GptOssForCausalLM",
+        "GraniteSWAForCausalLM",
+        "GraniteMoeSWAForCausalLM",
+        "IQuestQ1ForCausalLM",
+        "BeamForCausalLM",
+        "Llama4ForConditionalGeneration",
+        "MiMoV2ForCausalLM",
+        "MiMoV2FlashForCausalLM",
+        "Step3p5ForCausalLM",
+        "Step3p7ForConditionalGeneration",
+        "Gemma4ForCausalLM",
+        "Gemma4ForConditionalGeneration",
+        "Gemma4UnifiedForConditionalGeneration",
+        "LagunaForCausalLM",
+        "MellumForCausalLM",
+        "InklingForConditionalGeneration",
+    }
+)
+#: Llama-4's chunked-attention layers: every layer but each 4th
+#: (``srt/configs/model_config.py:2705-2711``).
+LLAMA4 = "Llama4ForConditionalGeneration"
+
+
+def _layer_kinds(
+    cfg: Mapping[str, Any], layers: int, arch: str = ""
+) -> tuple[int, int, int | None]:
     """(sliding-window layers, linear-attention layers, full-attention layers or None)."""
+    if arch == LLAMA4:
+        full = sum(1 for i in range(layers) if (i + 1) % 4 == 0)
+        return layers - full, 0, full
+    hybrid_swa = arch in HYBRID_SWA_ARCHS or cfg.get("is_hybrid_swa") is True
     types = cfg.get("layer_types")
     if isinstance(types, list) and len(types) == layers and all(isinstance(t, str) for t in types):
         swa = sum(1 for t in types if t in ("sliding_attention", "sliding_window"))
+        swa = swa if hybrid_swa else 0
         linear = sum(1 for t in types if t in ("linear_attention", "mamba"))
         if swa or linear:
             return swa, linear, layers - swa - linear

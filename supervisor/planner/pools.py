@@ -12,8 +12,10 @@
   ``swa_full_tokens_ratio`` × that (``model_executor/pool_configurator.py:859-918``);
 * ``max_running_requests`` per DP worker: the lever (or 48 with speculative decoding)
   // attn_dp, else ``clamp(tokens / context_len × 512, 2048, 4096)``, at most tokens / 2,
-  and at most the state slots / 3 (1 without the radix cache) in Mamba hybrids
-  (``kv_cache_configurator.py:3115-3173``).
+  and at most the state slots / 5 in Mamba hybrids at SGLang's defaults (the
+  ``extra_buffer`` strategy; / 3 with ``no_buffer``, / 1 without the radix cache;
+  ``kv_cache_configurator.py:3062-3088``, ``:3119-3173``);
+* every pool is a whole number of pages (``pool_configurator.py:641-646``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,46 @@ from supervisor.planner.model import MiB, ModelSpec
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 #: State slots per running request with the radix cache (``kv_cache_configurator.py:227``).
 MAMBA_SLOTS_PER_REQUEST = 3
+#: Architectures whose radix cache SGLang resolves ``mamba_radix_cache_strategy=auto``
+#: for (``arg_groups/overrides.py:369-380``, ``:476-486``).
+MAMBA_RADIX_CACHE_ARCHS = frozenset(
+    {
+        "KimiLinearForCausalLM",
+        "BailingMoeV2_5ForCausalLM",
+        "Qwen3NextForCausalLM",
+        "Qwen3_5MoeForConditionalGeneration",
+    }
+)
+
+
+def mamba_strategy(architecture: str, levers: Mapping[str, Any]) -> str:
+    """``mamba_radix_cache_strategy`` as SGLang 0.5.23 resolves it: ``auto`` becomes
+    ``extra_buffer`` with the overlap schedule (its default) or pages over 1, else
+    ``no_buffer`` (``arg_groups/overrides.py:476-486``); nothing without the radix cache."""
+    if lever_bool(levers, "disable_radix_cache"):
+        return "none"
+    strategy = str(levers.get("mamba_radix_cache_strategy") or "auto")
+    if strategy != "auto" or architecture not in MAMBA_RADIX_CACHE_ARCHS:
+        return strategy if strategy != "auto" else "no_buffer"
+    overlap = not lever_bool(levers, "disable_overlap_schedule")
+    paged = (lever_int(levers, "page_size") or 1) > 1
+    return "extra_buffer" if overlap or paged else "no_buffer"
+
+
+def mamba_slots_per_request(architecture: str, levers: Mapping[str, Any]) -> int:
+    """State slots one running request takes (``_calculate_mamba_ratio``,
+    ``mem_cache/kv_cache_configurator.py:3062-3088``): 1 without the radix cache, else 3
+    plus the extra buffer's tracking slots — 2 with the overlap schedule, 1 without or
+    lazily (``mem_cache/allocation_sizing.py:11-19``)."""
+    strategy = mamba_strategy(architecture, levers)
+    if strategy == "none":
+        return 1
+    if strategy == "extra_buffer_lazy":
+        return MAMBA_SLOTS_PER_REQUEST + 1
+    if strategy == "extra_buffer":
+        overlap = not lever_bool(levers, "disable_overlap_schedule")
+        return MAMBA_SLOTS_PER_REQUEST + (2 if overlap else 1)
+    return MAMBA_SLOTS_PER_REQUEST
 
 
 def weight_bytes_per_rank(model: ModelSpec, tp_size: int, pp_size: int = 1) -> int:
@@ -78,6 +120,9 @@ class Pools:
     weight_bytes_per_rank: int
     #: ``fraction × total − weights``: what the pools share.
     budget_bytes: int
+    #: What is left of it for the KV pools after the state pool (SGLang's
+    #: ``available_bytes`` for ``calculate_pool_sizes``, pool_configurator.py:637-646).
+    kv_budget_bytes: int
     #: ``max_total_num_tokens``: the full pool (capped by ``max_total_tokens``).
     kv_tokens: int
     swa_tokens: int
@@ -91,7 +136,7 @@ class Pools:
 
 
 def _mamba_slots(
-    budget: float, per_slot: int, levers: Mapping[str, Any], attn_dp: int
+    budget: float, per_slot: int, levers: Mapping[str, Any], attn_dp: int, ratio_slots: int
 ) -> tuple[int, float]:
     """(state slots, bytes they take) per ``_handle_max_mamba_cache``."""
     explicit = lever_int(levers, "max_mamba_cache_size")
@@ -106,8 +151,9 @@ def _mamba_slots(
         share = budget * r / (1 + r)
         if speculative(levers):
             d = lever_int(levers, "speculative_num_draft_tokens") or 4
-            slots = int((share - per_slot * (1 + d)) // (per_slot * (1 + d / 3)))
-            capped = min(max(1, (running or 48) // attn_dp), max(0, slots) // 3)
+            q = ratio_slots
+            slots = int((share - per_slot * (1 + d)) // (per_slot * (1 + d / q)))
+            capped = min(max(1, (running or 48) // attn_dp), max(0, slots) // q)
             return slots, (max(0, slots) + 1) * per_slot + per_slot * (capped + 1) * d
         slots = int((share - per_slot) // per_slot)
     return slots, (max(0, slots) + 1) * per_slot
@@ -145,7 +191,10 @@ def pools(model: ModelSpec, levers: Mapping[str, Any], gpu_bytes: int) -> Pools:
     rest = budget
     slots = 0
     if c.mamba_state_bytes:
-        slots, taken = _mamba_slots(budget, c.mamba_state_bytes, levers, lay.attn_dp_size)
+        per_request = mamba_slots_per_request(shape.architecture, levers)
+        slots, taken = _mamba_slots(
+            budget, c.mamba_state_bytes, levers, lay.attn_dp_size, per_request
+        )
         rest = budget - taken
     tokens = max(0, int(rest // c.exact)) if c.exact > 0 else 0
     swa = int(tokens * c.swa_full_tokens_ratio) if c.swa_layers else 0
@@ -163,6 +212,12 @@ def pools(model: ModelSpec, levers: Mapping[str, Any], gpu_bytes: int) -> Pools:
     cap = parse_count(levers.get("max_total_tokens"))
     if cap is not None:
         tokens = min(tokens, cap)
+    # Whole pages only (pool_configurator.py:641-646); the SWA pool is the ratio of the
+    # aligned full pool, aligned again (:879-881).
+    page = max(1, lever_int(levers, "page_size") or 1)
+    tokens = tokens // page * page
+    if c.swa_layers and swa_cap is None:
+        swa = int(tokens * c.swa_full_tokens_ratio) // page * page
     # max_running_requests (resolve_max_num_reqs).
     context = parse_count(levers.get("context_length")) or model.context_length or 4096
     requested = requested_max_running(levers)
@@ -175,7 +230,7 @@ def pools(model: ModelSpec, levers: Mapping[str, Any], gpu_bytes: int) -> Pools:
         source = "SGLang default"
     mamba_cap = None
     if c.mamba_state_bytes:
-        per_request = 1 if lever_bool(levers, "disable_radix_cache") else MAMBA_SLOTS_PER_REQUEST
+        per_request = mamba_slots_per_request(shape.architecture, levers)
         mamba_cap = max(0, slots) // per_request
         if mamba_cap < running:
             running, source = mamba_cap, "capped by the Mamba state slots"
@@ -184,6 +239,7 @@ def pools(model: ModelSpec, levers: Mapping[str, Any], gpu_bytes: int) -> Pools:
         mem_fraction_static=fraction,
         weight_bytes_per_rank=weights,
         budget_bytes=int(budget),
+        kv_budget_bytes=int(rest),
         kv_tokens=tokens,
         swa_tokens=swa,
         mamba_slots=max(0, slots),

@@ -25,6 +25,8 @@ from supervisor.planner.model import GB, GiB, MiB, ModelSpec, PlanError
 from supervisor.planner.notes import honest_notes
 from supervisor.planner.pools import pools
 from supervisor.planner.report import LeverNote, Plan, in_effect, reason
+from supervisor.planner.sharding import head_problem
+from supervisor.planner.stopcost import StopBudget
 
 #: Host RAM the planner leaves to the OS, page cache, the tokenizer and detokenizer and the
 #: daemon, on top of SGLang's margin: 10% of what is available, at least 8 GiB.
@@ -59,12 +61,18 @@ _LEVER_ORDER = {
 }
 
 
-def host_cache_budget_per_rank(host_ram_available_bytes: int, ranks: int) -> int:
+def host_cache_budget_per_rank(
+    host_ram_available_bytes: int, ranks: int, stop: StopBudget | None = None
+) -> int:
     """Bytes of pinned host pool one rank may take: (available − SGLang's 10 GiB margin −
-    OS headroom) / ranks, never negative. The total always fits SGLang's own check."""
+    OS headroom) / ranks, never negative. The total always fits SGLang's own check; with
+    ``stop``, its teardown deadline also fits the service's stop budget (unpinning is
+    slow: ``supervisor.planner.stopcost``)."""
     headroom = max(OS_HEADROOM_MIN_BYTES, int(host_ram_available_bytes * OS_HEADROOM_FRACTION))
     budget = host_ram_available_bytes - SGLANG_HOST_RAM_MARGIN - headroom
-    return max(0, budget // max(1, ranks))
+    per_rank = max(0, budget // max(1, ranks))
+    cap = stop.max_pinned_bytes() if stop is not None else None
+    return per_rank if cap is None else min(per_rank, cap // max(1, ranks))
 
 
 def hicache_refused(levers: Mapping[str, Any]) -> str | None:
@@ -141,8 +149,8 @@ def _tune(
             "GPU for activations and CUDA graphs: nothing is left for the weights and the KV "
             "cache; use GPUs with more memory"
         )
-    # The host cache, where SGLang accepts one.
-    budget = host_cache_budget_per_rank(hardware.host_ram_available_bytes, lay.ranks)
+    # The host cache, where SGLang accepts one (and its stop fits the service's budget).
+    budget = host_cache_budget_per_rank(hardware.host_ram_available_bytes, lay.ranks, hardware.stop)
     p = pools(model, new, gpu)
     size_gb = budget // GB
     host_tokens = int(size_gb * GB // max(1.0, p.cells.exact))
@@ -211,6 +219,10 @@ def propose(
             f"{shape.describe()} needs {shape.gpus_needed} GPUs but the plan has "
             f"{hardware.gpus}; give more GPUs or lower tp_size/dp_size in the current levers"
         )
+    m = model.shape
+    bad = head_problem(m.num_attention_heads, m.num_kv_heads, m.is_mla, current, model.source)
+    if bad is not None:
+        raise PlanError(bad[1])
     gpu, host = hardware.gpu_memory_bytes, hardware.host_ram_available_bytes
     now = capacity(
         model, current, gpu, avg_tokens, host, resolved=resolve(current) if resolve else None
@@ -243,7 +255,7 @@ def propose(
         if current.get(k) != new[k]
     }
     ranks = after.ranks
-    budget = host_cache_budget_per_rank(host, ranks)
+    budget = host_cache_budget_per_rank(host, ranks, hardware.stop)
     notes = [
         LeverNote(
             lever,
@@ -266,6 +278,7 @@ def propose(
         target_concurrency=target_concurrency,
         refused=refused,
     )
+    honest.extend(stop_notes(hardware, now, after, ranks))
     return Plan(
         model=model,
         hardware=hardware,
@@ -282,3 +295,39 @@ def propose(
         live=live,
         reserve=sglang_reserve(gpu, new, model.shape.is_mla).to_json(),
     )
+
+
+def stop_notes(hardware: Hardware, now: Capacity, after: Capacity, ranks: int) -> list[str]:
+    """What a stop of each set costs, where the service's stop budget bounds the plan."""
+    stop = hardware.stop
+    if stop is None:
+        return []
+    notes = []
+    proposed = stop.cost(after.host_ram_needed_bytes)
+    unbounded = host_cache_budget_per_rank(hardware.host_ram_available_bytes, ranks)
+    bounded = host_cache_budget_per_rank(hardware.host_ram_available_bytes, ranks, stop)
+    if after.hierarchical_cache and bounded < unbounded:
+        notes.append(
+            f"Host cache kept to {proposed['pinned_host_gib']} GiB pinned (the RAM would "
+            f"allow {unbounded * ranks / GiB:.0f} GiB): unpinning takes ≈0.2 s per GiB, so "
+            f"a stop takes ≈{proposed['expected_stop_s']:.0f} s after the drain and the "
+            f"daemon's deadline is {proposed['stop_deadline_s']:.0f} s, within the service's "
+            f"stop budget of {stop.budget_s:.0f} s ([timeouts] stop_budget_s = the unit's "
+            "TimeoutStopSec); raise both for a larger host cache"
+        )
+    current = stop.cost(now.host_ram_needed_bytes)
+    if now.hierarchical_cache and not current["within_stop_budget"]:
+        notes.append(
+            f"The current host cache pins {current['pinned_host_gib']} GiB: a stop's "
+            f"deadline is {current['stop_deadline_s']:.0f} s, past the service's stop "
+            f"budget of {stop.budget_s:.0f} s — systemd would SIGKILL the daemon mid-stop; "
+            "apply the proposal or raise TimeoutStopSec and [timeouts] stop_budget_s"
+        )
+    elif after.hierarchical_cache and proposed["pinned_host_gib"] > 0:
+        notes.append(
+            f"A stop of the proposal takes ≈{proposed['expected_stop_s']:.0f} s to unpin "
+            f"{proposed['pinned_host_gib']} GiB (deadline {proposed['stop_deadline_s']:.0f} s "
+            f"of the {stop.budget_s:.0f} s budget); a start pins it again "
+            f"(≈{proposed['expected_pinning_at_start_s']:.0f} s) before the model loads"
+        )
+    return notes

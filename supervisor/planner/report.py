@@ -62,6 +62,13 @@ class Plan:
             "levers": dict(self.levers),
             "lever_notes": [n.to_json() for n in self.lever_notes],
             "notes": list(self.notes),
+            # What a stop and a start cost with each set's pinned host cache.
+            "stop_cost": None
+            if self.hardware.stop is None
+            else {
+                "current": self.hardware.stop.cost(self.current.host_ram_needed_bytes),
+                "proposed": self.hardware.stop.cost(self.proposed.host_ram_needed_bytes),
+            },
             "predicted": {
                 "kv_tokens_per_rank_delta": self.proposed.kv_tokens_per_rank
                 - self.current.kv_tokens_per_rank,

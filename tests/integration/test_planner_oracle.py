@@ -79,3 +79,34 @@ def test_post_plan_takes_sglangs_own_defaults_and_checks_its_proposal(
     finally:
         assert d.stop() == 0
         d.client.close()
+
+
+def test_post_plan_for_another_model_asks_sglang_about_that_model(
+    tmp_path: Path, model_dirs: dict[str, Path]
+) -> None:
+    """The daemon serves gpt-oss-120b (SGLang: 0.893 at TP8); a plan for DeepSeek-V3's
+    directory quotes SGLang's resolution *of DeepSeek-V3* (0.886, memory_hook.py:309-313,
+    368, 389), and an inline config.json (no directory SGLang could read) is labelled the
+    planner's copy of the rule, never "SGLang's own resolution" of the running model."""
+    d = Daemon(
+        tmp_path,
+        gpus=8,
+        levers={"model_path": str(model_dirs["gpt-oss-120b"]), "tp_size": 8},
+        extra={"server": {"python": SGLANG_PYTHON}},
+        sim={"host_ram_gib": 512},
+    )
+    d.start()
+    try:
+        r = d.client.post("/plan", json={"model": str(model_dirs["DeepSeek-V3"])})
+        assert r.status_code == 200, r.text
+        current = r.json()["current"]
+        assert current["mem_fraction_source"] == "SGLang's own resolution"
+        assert current["mem_fraction_static"] == 0.886
+        r = d.client.post("/plan", json={"config_json": MODELS["DeepSeek-V3"]})
+        assert r.status_code == 200, r.text
+        current = r.json()["current"]
+        assert current["mem_fraction_source"] == "SGLang default"
+        assert current["mem_fraction_static"] == 0.886
+    finally:
+        assert d.stop() == 0
+        d.client.close()

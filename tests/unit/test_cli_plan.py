@@ -144,3 +144,19 @@ def test_attention_dp_workers_are_rows() -> None:
     data, text = _rendered("DeepSeek-V3", {"tp_size": 8})
     assert data["levers"]["attn_dp_size"] == 8
     assert _row(text, "KV pools (DP workers)") == ["1", "8"]
+
+
+def test_offline_llama4_is_planned_as_sglangs_hybrid_swa_model() -> None:
+    """The offline CLI, Llama-4-Scout at TP8: 12 full + 0.8 × 36 chunked-attention layers
+    of 512 B = 20,889.6 B per token (configs/model_config.py:2705-2711,
+    pool_configurator.py:786-803), not 48 full layers (24,576); its 10,485,760-token
+    context (llama3 rope: no factor, utils/hf_transformers/common.py:681-687)."""
+    cfg = Path(__file__).resolve().parents[1] / "data" / "models" / "llama-4-scout" / "config.json"
+    code, out, err = plan(
+        "--config-json", str(cfg), "--gpus", "8", "--gpu-memory", "140.4", "--host-ram", "512",
+        "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    current = json.loads(out)["current"]
+    assert current["cell_bytes_exact"] == 20889.6
+    assert current["swa_tokens_per_rank"] > 0

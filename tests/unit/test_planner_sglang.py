@@ -34,20 +34,58 @@ def test_cell_fraction_and_tokens_match_sglang(case: Case) -> None:
     assert cap.kv_tokens_per_rank == pytest.approx(case.kv_tokens(), rel=0.01)
     for key, value in case.extra.items():
         assert getattr(cap, key) == value, key
+    if case.max_running is not None:
+        assert cap.max_running_requests == case.max_running
 
 
 def test_hybrid_pools_are_reported_separately() -> None:
-    """gpt-oss: the SWA pool is 0.8 × the full one (pool_configurator.py:881-883);
-    Qwen3-Next: the Mamba slots cap running requests at slots / 3
-    (kv_cache_configurator.py:3136-3152)."""
+    """gpt-oss: the SWA pool is 0.8 × the full one (pool_configurator.py:879-881);
+    Qwen3-Next at SGLang's defaults: the overlap schedule resolves
+    mamba_radix_cache_strategy=extra_buffer (arg_groups/overrides.py:476-486), so a
+    request takes 3 + 2 state slots (kv_cache_configurator.py:3062-3088,
+    allocation_sizing.py:11-19) and the slots cap running requests at slots / 5
+    (kv_cache_configurator.py:3134-3151): 5604 // 5 = 1120 at TP8, not 1868."""
     gpt = planner.capacity(planner_model("gpt-oss-120b"), {"tp_size": 8}, H200, 4096)
     assert gpt.swa_tokens_per_rank == int(gpt.kv_tokens_per_rank * 0.8)
     assert (gpt.full_cell_bytes, gpt.swa_cell_bytes) == (256 * 18, 256 * 18)
     qwen = planner.capacity(planner_model("Qwen3-Next-80B-A3B"), {"tp_size": 8}, H200, 4096)
     assert qwen.mamba_state_bytes == 9_658_368
-    assert qwen.mamba_request_cap == qwen.mamba_slots_per_rank // 3
+    assert qwen.mamba_slots_per_rank == 5604
+    assert qwen.mamba_request_cap == 5604 // 5 == 1120
     assert qwen.max_running_requests == qwen.mamba_request_cap
     assert qwen.concurrent_requests <= qwen.mamba_request_cap
+
+
+@pytest.mark.parametrize(
+    ("levers", "per_request"),
+    [
+        ({"disable_overlap_schedule": True}, 3),  # auto -> no_buffer (overrides.py:484-486)
+        ({"disable_overlap_schedule": True, "page_size": 64}, 4),  # extra_buffer, 1 slot
+        ({"mamba_radix_cache_strategy": "extra_buffer_lazy"}, 4),  # allocation_sizing:17
+        ({"mamba_radix_cache_strategy": "no_buffer"}, 3),
+        ({"disable_radix_cache": True, "max_running_requests": 64}, 1),  # :3063-3064
+    ],
+)
+def test_mamba_slots_per_request_follow_the_resolved_strategy(
+    levers: dict[str, Any], per_request: int
+) -> None:
+    """kv_cache_configurator.py:3062-3088: 3 slots, + the extra buffer's tracking slots."""
+    qwen = planner.capacity(
+        planner_model("Qwen3-Next-80B-A3B"), {"tp_size": 8, **levers}, H200, 4096
+    )
+    assert qwen.mamba_request_cap == qwen.mamba_slots_per_rank // per_request
+
+
+def test_qwen3_next_tp4_at_095_caps_running_requests_at_slots_over_5() -> None:
+    """The issue's TP4 case: mem_fraction_static 0.95 → 502 running requests (slots / 5
+    by kv_cache_configurator.py:3062-3088 at SGLang's default strategy), not 837."""
+    qwen = planner.capacity(
+        planner_model("Qwen3-Next-80B-A3B"),
+        {"tp_size": 4, "mem_fraction_static": 0.95},
+        H200,
+        4096,
+    )
+    assert qwen.max_running_requests == qwen.mamba_slots_per_rank // 5 == 502
 
 
 def test_the_mtp_layer_counts_only_with_speculative_decoding() -> None:
@@ -177,8 +215,7 @@ def test_auto_sized_host_cache_passes_preflight_where_sglang_starts_it() -> None
     assert _preflight(levers, 1000) == []
     (msg,) = _preflight(levers, 8)
     assert msg.startswith("enable_hierarchical_cache: the hierarchical cache is auto-sized")
-    # An explicit ratio is still checked as SGLang checks it.
-    assert _preflight({**levers, "hicache_ratio": 2.0}, 1000)[0].startswith("hicache_ratio:")
+    # An explicit ratio is still checked as SGLang checks it (tests/unit/test_hicache_ratio.py).
 
 
 def test_a_running_auto_sized_host_cache_frees_what_sglang_gave_it() -> None:
@@ -277,3 +314,24 @@ def test_default_fraction_and_chunk_match_sglangs_pipeline(
     model = capacity.SIM_MODEL if name == "Llama-3.1-70B" else planner_model(name)
     cap = planner.capacity(model, levers, H200, 4096)
     assert (cap.mem_fraction_static, cap.chunked_prefill_size) == (fraction, chunk)
+
+
+def test_pools_are_whole_pages() -> None:
+    """pool_configurator.py:641-646: max_total_num_tokens // page_size * page_size —
+    DeepSeek-V3 TP8 page 64: 695,635 → 695,616; gpt-oss's SWA pool is the ratio of the
+    aligned full pool, aligned again (:879-881)."""
+    dsv3 = planner.capacity(planner_model("DeepSeek-V3"), {"tp_size": 8, "page_size": 64}, H200, 1)
+    assert dsv3.kv_tokens_per_rank == 695_635 // 64 * 64 == 695_616
+    gpt = planner.capacity(planner_model("gpt-oss-120b"), {"tp_size": 8, "page_size": 16}, H200, 1)
+    assert gpt.kv_tokens_per_rank % 16 == 0
+    assert gpt.swa_tokens_per_rank == int(gpt.kv_tokens_per_rank * 0.8) // 16 * 16
+
+
+def test_qwen3_next_proposal_respects_the_extra_buffer_request_cap() -> None:
+    """The proposed max_running_requests is the state slots / 5 at SGLang's default
+    strategy (kv_cache_configurator.py:3062-3088, :3134-3151): 5,863 // 5 = 1,172 at the
+    proposed 0.928 — it was 1,954 (slots / 3), which SGLang would cap at start."""
+    hw = planner.Hardware(gpus=8, gpu_memory_bytes=H200, host_ram_available_bytes=512 * GiB)
+    plan = planner.propose(planner_model("Qwen3-Next-80B-A3B"), hw, {"tp_size": 8}, avg_tokens=1000)
+    assert plan.proposed.mamba_slots_per_rank == 5863
+    assert plan.levers["max_running_requests"] == 5863 // 5 == 1172

@@ -65,6 +65,14 @@ def nvmlDeviceGetName(handle: int) -> str:
     return "NVIDIA H200 (fake NVML)"
 
 
+def nvmlDeviceGetCudaComputeCapability(handle: int) -> tuple[int, int]:
+    return (9, 0)
+
+
+def nvmlSystemGetDriverVersion() -> str:
+    return "580.95.05"
+
+
 def _procs(handle: int) -> list[Any]:
     registry = Path(os.environ["FAKE_NVML_REGISTRY"])
     uuid = sim_gpu_uuid(handle).lower()

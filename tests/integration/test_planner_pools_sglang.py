@@ -1,0 +1,98 @@
+"""The planner's KV pools against SGLang 0.5.23's own pool computation: for every case of
+tests/planner_cases.py (the models of docs/planner.md, Llama-4-Scout, gemma-3, Qwen3-Next at
+SGLang's defaults) and a paged one, SGLang's pool configurator
+(``sglang/srt/model_executor/pool_configurator.py``: ``create_memory_pool_configurator``
+:1715-1725, ``calculate_pool_sizes`` :637-646 and :907-916, the cells at :340-536 and
+:656-803) is run on CPU with an H200 supplied (``scripts/sglang-pool-oracle.py``) on the
+KV budget the planner computes for one rank, and must give the planner's bytes per token,
+``max_total_num_tokens`` and SWA pool, and SGLang's resolution the planner's fraction.
+
+Not compared here (the oracle does not build them): the speculative draft's cell and the
+pipeline-parallel stage split (their cases are checked against the formulas in
+tests/unit/test_planner_sglang.py), and the Mamba state pool of Qwen3-Next, which SGLang
+sizes in ``mem_cache/kv_cache_configurator.py:3229-3408`` before the configurator runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor import planner
+from supervisor.levers import LeverSet, check_levers, render_argv
+from supervisor.schema import load_bundled
+from tests.planner_cases import CASES, H200, MODELS, Case, planner_model
+from tests.sglang_env import ENV, SGLANG_PYTHON, needs_sglang
+
+pytestmark = needs_sglang()
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = load_bundled()
+
+COMPARED = [
+    c for c in CASES if "speculative_algorithm" not in c.levers and "pp_size" not in c.levers
+] + [
+    Case(
+        "DeepSeek-V3 TP8 page 64",
+        "DeepSeek-V3",
+        {"tp_size": 8, "page_size": 64},
+        fraction=0.886,
+        cell=(512 + 64) * 61 * 2,
+        weights_per_rank=0,
+        why="whole pages",
+        source="pool_configurator.py:641-646",
+    ),
+    Case(
+        "gpt-oss-120b TP8 page 16",
+        "gpt-oss-120b",
+        {"tp_size": 8, "page_size": 16},
+        fraction=0.893,
+        cell=8294.4,
+        weights_per_rank=0,
+        why="whole pages in both pools",
+        source="pool_configurator.py:879-881",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def sglang_pools(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    root = tmp_path_factory.mktemp("models")
+    for name, config in MODELS.items():
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps(config))
+    batch = []
+    for case in COMPARED:
+        p = planner.pools(planner_model(case.model), case.levers, H200)
+        levers = {"model_path": str(root / case.model), **case.levers}
+        argv = render_argv(check_levers(LeverSet(levers), SCHEMA, complete=True), SCHEMA)
+        batch.append({"budget": p.kv_budget_bytes, "argv": argv})
+    run = subprocess.run(
+        [SGLANG_PYTHON, str(ROOT / "scripts" / "sglang-pool-oracle.py"), "--batch"],
+        input=json.dumps(batch),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=ENV,
+        cwd=str(tmp_path_factory.mktemp("cwd")),
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    answers = json.loads(run.stdout.strip().splitlines()[-1])
+    return {case.name: answer for case, answer in zip(COMPARED, answers, strict=True)}
+
+
+@pytest.mark.parametrize("case", COMPARED, ids=lambda c: c.name)
+def test_planner_pools_are_sglangs(sglang_pools: dict[str, dict[str, Any]], case: Case) -> None:
+    sglang = sglang_pools[case.name]
+    p = planner.pools(planner_model(case.model), case.levers, H200)
+    assert sglang["mem_fraction_static"] == p.mem_fraction_static == case.fraction
+    assert sglang["cell_size"] == pytest.approx(p.cells.exact, rel=1e-12)
+    assert sglang["max_total_num_tokens"] == p.kv_tokens
+    if p.cells.swa_layers:
+        assert sglang["configurator"] == "HybridSWAPoolConfigurator"
+        assert sglang["swa_max_total_num_tokens"] == p.swa_tokens
+    if case.max_running is not None:
+        assert p.max_running_requests == case.max_running
