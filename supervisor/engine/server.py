@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from supervisor import preflight, serverlogs
 from supervisor.backend import ServerHandle
+from supervisor.engine import ownership
 from supervisor.gpu import GpuSample, cuda_visible_devices, wait_released
 from supervisor.levers import LeverSet, render_argv
 from supervisor.operations import FAILED, SUCCEEDED, Operation, wall_iso
@@ -130,6 +131,11 @@ async def launch_until_ready(
             serverlogs.prune, sup.journal.logs_dir, sup.settings.server.log_keep_launches - 1
         )
         argv = [*sup.backend.command, *flags(sup, levers)]
+        taken = await ownership.port_taken(sup)
+        if taken is not None:
+            op.rollback_reason = taken
+            ph.end(FAILED, taken)
+            return False
         try:
             handle = await asyncio.to_thread(
                 sup.procs.spawn, argv, server_env(sup, levers), tag=tag, log_path=log_path
@@ -173,19 +179,33 @@ async def wait_ready(sup: Supervisor, op: Operation, handle: ServerHandle) -> No
     t = sup.settings.timeouts
     t0 = sup.clock()
     deadline = t0 + t.ready_timeout_s
+    impostor: str | None = None  # who answered 200 without being this launch
     while True:
         if handle.poll():
-            raise StartFailed(await exit_reason(handle, "during start"))
+            why = await exit_reason(handle, "during start")
+            if impostor is not None:
+                why += f"; meanwhile /health_generate was answered by another process: {impostor}"
+            raise StartFailed(why)
         checkpoint(sup, op)
         remaining = deadline - sup.clock()
         if remaining <= 0:
+            if impostor is not None:
+                raise StartFailed(
+                    f"not ready after {t.ready_timeout_s:g}s (ready_timeout_s): "
+                    f"/health_generate answered 200, but not from this launch: {impostor}"
+                )
             raise StartFailed(
                 f"not ready after {t.ready_timeout_s:g}s (ready_timeout_s): "
                 f"/health_generate never answered 200; pid {handle.pid} was still running"
             )
         probe = await sup.health.generate_ok(sup.url, min(5.0, max(0.5, remaining)))
         if probe.ok:
-            break
+            # A 200 counts only from a listener of this launch (another process on the
+            # port would answer for a launch whose own bind failed).
+            other = await ownership.foreign_listener(sup, handle)
+            if other is None:
+                break
+            impostor = other
         # Probing often keeps the lag between "ready" and noticing it short; after the
         # first 10 s (a real model load takes minutes) a tenth of the rate is enough.
         interval = t.readiness_poll_s if sup.clock() - t0 < 10 else t.readiness_poll_s * 10
@@ -229,31 +249,64 @@ async def judge_hung(sup: Supervisor, op: Operation, handle: ServerHandle, detai
 async def watch_probation(sup: Supervisor, op: Operation, handle: ServerHandle) -> None:
     """The new server must stay up *and healthy* for ``probation_s`` after it was first
     ready: its launcher alive at every poll, and /health_generate answering a probe every
-    fifth of the window (the last one at its end). ``liveness_failures`` failed probes in
-    a row fail it (``StartFailed``), as for a ready server; so does a window that ends
-    on failed probes."""
+    fifth of the window. Each probe is bounded by the time left in the window (at most
+    ``liveness_timeout_s``), so a hung server cannot stretch the window: one that ends
+    with its last probe failed or still pending fails probation (``StartFailed``), as do
+    ``liveness_failures`` failed probes in a row. While it runs, ``sup.probation`` says
+    so (/status ``probation``; /readyz answers 503)."""
     t = sup.settings.timeouts
-    deadline = sup.clock() + t.probation_s
+    started = sup.clock()
+    deadline = started + t.probation_s
     every = max(t.probation_s / 5, sup.poll_s)
-    next_probe = min(sup.clock() + every, deadline)
-    failures = 0
-    while True:
-        if handle.poll():
-            raise StartFailed(await exit_reason(handle, "within the probation window"))
-        if sup.clock() >= next_probe:
-            # The liveness timeout: a loaded server may take long to answer, and is not hung.
-            probe = await sup.health.generate_ok(sup.url, t.liveness_timeout_s)
-            failures = 0 if probe.ok else failures + 1
-            if failures >= t.liveness_failures:
-                raise StartFailed(
-                    f"unhealthy within the probation window: {failures} /health_generate "
-                    f"probes of pid {handle.pid} failed in a row (last: {probe.detail})"
-                )
+    next_probe = started + min(every, t.probation_s / 2)  # at least one probe
+    failures = probes_ok = 0
+    last: str | None = None  # the last probe's failure (None: it answered 200)
+    until = wall_iso(time.time() + t.probation_s)
+    sup.probation = {"until": until, "probes_ok": 0, "pid": handle.pid}
+    try:
+        while True:
+            if handle.poll():
+                raise StartFailed(await exit_reason(handle, "within the probation window"))
             now = sup.clock()
-            if probe.ok and now >= deadline:
-                return
-            next_probe = min(now + every, deadline) if now < deadline else now + every
-        await pause(sup, op, max(0.0, min(sup.poll_s, next_probe - sup.clock())))
+            left = deadline - now
+            if left <= 0:
+                if last is None:
+                    return
+                raise StartFailed(
+                    f"unhealthy at the end of the probation window ({t.probation_s:g}s, "
+                    f"probation_s): the last /health_generate probe of pid {handle.pid} "
+                    f"failed ({last}); {probes_ok} answered 200 before it"
+                )
+            if now >= next_probe:
+                # The liveness timeout (a loaded server may take long to answer, and is
+                # not hung), but never past the window's end: an answer after it is late.
+                bound = min(t.liveness_timeout_s, left)
+                try:
+                    probe = await asyncio.wait_for(
+                        sup.health.generate_ok(sup.url, bound), bound + 0.25
+                    )
+                    ok, detail = probe.ok, probe.detail
+                except TimeoutError:
+                    ok, detail = False, f"no answer within {bound:.1f}s, the window's rest"
+                if ok:
+                    failures, last = 0, None
+                    probes_ok += 1
+                    sup.probation = {**sup.probation, "probes_ok": probes_ok}
+                else:
+                    failures, last = failures + 1, detail
+                    if failures >= t.liveness_failures:
+                        raise StartFailed(
+                            f"unhealthy within the probation window: {failures} "
+                            f"/health_generate probes of pid {handle.pid} failed in a row "
+                            f"(last: {detail})"
+                        )
+                next_probe = min(sup.clock() + every, deadline)
+                if next_probe >= deadline:
+                    next_probe = deadline + every  # the window's end judges the last probe
+                continue
+            await pause(sup, op, max(0.0, min(sup.poll_s, next_probe - now, left)))
+    finally:
+        sup.probation = None
 
 
 async def exit_reason(handle: ServerHandle, when: str) -> str:

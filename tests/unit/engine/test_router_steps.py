@@ -20,6 +20,8 @@ class FakeRouter:
     def __init__(self) -> None:
         self.listed = False
         self.down = False
+        #: Reachable, but answers what no sglang-router would (a worker list is missing).
+        self.garbage = False
         self.registered: bool | None = None
 
     async def leave(self) -> str:
@@ -35,6 +37,12 @@ class FakeRouter:
         self.listed = True
         self.registered = True
         return "listed healthy"
+
+    async def check(self) -> str:
+        if self.down or self.garbage:
+            what = "answered 200 with HTML, not a worker list" if self.garbage else "unreachable"
+            raise RouterError(f"router http://router: GET http://router/workers {what}")
+        return "answers"
 
     async def aclose(self) -> None:
         return None
