@@ -222,6 +222,9 @@ class Behaviour:
     #: False: its bind of the server port fails (it listens nowhere; another process
     #: on the port may answer /health_generate for it).
     binds: bool = True
+    #: Frozen (SIGSTOP) once it has answered ready: every later probe hangs for its
+    #: whole timeout, then fails.
+    freeze_after_ready: bool = False
     #: Lines the server writes to its log.
     log_lines: list[str] = field(default_factory=list)
     max_total_num_tokens: int = 400_000
@@ -581,6 +584,11 @@ class FakeHealth:
         handle = self.procs.current()
         if handle is None:
             return Probe(False, f"GET {url}/health_generate failed: ConnectError")
+        with self.procs.lock:
+            frozen = handle.behaviour.freeze_after_ready and handle.ready_at is not None
+        if frozen:
+            await asyncio.sleep(timeout_s)  # a stopped process never answers
+            return Probe(False, f"GET {url}/health_generate timed out after {timeout_s}s")
         with self.procs.lock:
             handle.probes += 1
             b = handle.behaviour

@@ -25,14 +25,14 @@ class FakeRouter:
         self.registered: bool | None = None
 
     async def leave(self) -> str:
-        if self.down:
+        if self.down or self.garbage:
             raise RouterError("router unreachable: DELETE http://router/workers/x failed")
         self.listed = False
         self.registered = False
         return "removed"
 
     async def join(self) -> str:
-        if self.down:
+        if self.down or self.garbage:
             raise RouterError("router unreachable: POST http://router/workers failed")
         self.listed = True
         self.registered = True
