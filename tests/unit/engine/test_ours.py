@@ -104,7 +104,8 @@ def test_a_hung_new_server_fails_probation_when_its_window_ends(tmp_path: Path) 
         assert probation.state == FAILED
         assert "end of the probation window" in probation.detail
         assert rig.sup.probation is None and idle(rig, S.READY)
-        assert rig.sup.server is not None and rig.sup.server.levers.levers["mem_fraction_static"] == 0.8
+        assert rig.sup.server is not None
+        assert rig.sup.server.levers.levers["mem_fraction_static"] == 0.8
 
     run(main)
 
