@@ -249,9 +249,11 @@ async def judge_hung(sup: Supervisor, op: Operation, handle: ServerHandle, detai
 async def watch_probation(sup: Supervisor, op: Operation, handle: ServerHandle) -> None:
     """The new server must stay up *and healthy* for ``probation_s`` after it was first
     ready: its launcher alive at every poll, and /health_generate answering a probe every
-    fifth of the window. Each probe is bounded by the time left in the window (at most
-    ``liveness_timeout_s``), so a hung server cannot stretch the window: one that ends
-    with its last probe failed or still pending fails probation (``StartFailed``), as do
+    fifth of the window (after the first, only while ``min(liveness_timeout_s, max(a
+    fifth, 1 s))`` of it is left: time for a loaded server to answer). Each probe is
+    bounded by the time left in the window (at most ``liveness_timeout_s``), so a hung
+    server cannot stretch the window: one that ends with its last probe failed or still
+    pending fails probation (``StartFailed``), as do
     ``liveness_failures`` failed probes in a row. While it runs, ``sup.probation`` says
     so (/status ``probation``; /readyz answers 503)."""
     t = sup.settings.timeouts
@@ -259,6 +261,8 @@ async def watch_probation(sup: Supervisor, op: Operation, handle: ServerHandle) 
     deadline = started + t.probation_s
     every = max(t.probation_s / 5, sup.poll_s)
     next_probe = started + min(every, t.probation_s / 2)  # at least one probe
+    #: A later probe starts only with this much of the window left to answer in.
+    min_answer = min(t.liveness_timeout_s, max(every, 1.0))
     failures = probes_ok = 0
     last: str | None = None  # the last probe's failure (None: it answered 200)
     until = wall_iso(time.time() + t.probation_s)
@@ -300,9 +304,11 @@ async def watch_probation(sup: Supervisor, op: Operation, handle: ServerHandle) 
                             f"/health_generate probes of pid {handle.pid} failed in a row "
                             f"(last: {detail})"
                         )
-                next_probe = min(sup.clock() + every, deadline)
-                if next_probe >= deadline:
-                    next_probe = deadline + every  # the window's end judges the last probe
+                next_probe = sup.clock() + every
+                if deadline - next_probe < min_answer:
+                    # Too little of the window left for a loaded server to answer: the
+                    # window's end judges the probe that just ran.
+                    next_probe = deadline + every
                 continue
             await pause(sup, op, max(0.0, min(sup.poll_s, next_probe - now, left)))
     finally:
