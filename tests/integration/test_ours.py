@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from tests.helpers import Daemon, free_port, wait_until, write_toml
+from tests.integration.test_cli import cli
 
 #: A plain HTTP server that answers 200 ``ok`` to every GET (/health_generate included,
 #: and /workers with a body no sglang-router would send).
@@ -219,6 +220,17 @@ def test_an_apply_of_the_serving_levers_restarts_nothing(daemon_factory: type[Da
     assert d.status()["server"]["pid"] != pid
 
 
+def test_the_cli_restarts_serving_levers_only_when_forced(daemon_factory: type[Daemon]) -> None:
+    d = daemon_factory(gpus=2).start()
+    pid = d.status()["server"]["pid"]
+    r = cli(d, "apply", "--set", "mem_fraction_static=0.85")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "nothing changed" in r.stdout and d.status()["server"]["pid"] == pid
+    r = cli(d, "apply", "--set", "mem_fraction_static=0.85", "--force-restart")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert d.status()["server"]["pid"] != pid
+
+
 @pytest.mark.parametrize("kind", ["unreachable", "garbage"])
 def test_a_router_that_cannot_answer_refuses_the_apply_before_the_stop(
     daemon_factory: type[Daemon], squatters: list[subprocess.Popen[bytes]], kind: str
@@ -238,7 +250,12 @@ def test_a_router_that_cannot_answer_refuses_the_apply_before_the_stop(
     status = d.status()
     assert status["server"]["pid"] == pid and status["levers"]["mem_fraction_static"] == 0.85
 
-    op = d.apply({"mem_fraction_static": 0.84}, without_router=True).json()["operation"]
-    assert op["state"] == "succeeded", op  # not rolled back for the router
-    assert "outside the router (without_router)" in op["phases"][-1]["detail"]
+    r2 = cli(d, "apply", "--set", "mem_fraction_static=0.84")
+    assert r2.returncode == 2 and f"{url}/workers" in r2.stdout + r2.stderr, r2
+
+    r3 = cli(d, "apply", "--set", "mem_fraction_static=0.84", "--without-router")
+    assert r3.returncode == 0, r3.stdout + r3.stderr  # not rolled back for the router
     assert d.status()["levers"]["mem_fraction_static"] == 0.84
+    op = d.apply({"mem_fraction_static": 0.83}, without_router=True).json()["operation"]
+    assert op["state"] == "succeeded", op
+    assert "outside the router (without_router)" in op["phases"][-1]["detail"]
