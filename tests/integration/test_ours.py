@@ -130,6 +130,17 @@ def test_a_second_daemon_of_the_same_instance_exits_and_touches_nothing(
     status = first.status()
     assert status["state"] == "ready" and status["server"]["pid"] == server_pid
     assert psutil.pid_exists(server_pid)
+    # Nor does `cleanup` with the copied config tear down the first daemon's server.
+    out = subprocess.run(
+        [sys.executable, "-m", "api.cli", "cleanup", "--config", str(second.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"pid {first.proc.pid}" in out.stderr
+    assert first.status()["server"]["pid"] == server_pid
 
 
 def test_deleting_the_state_dir_under_a_daemon_does_not_let_a_second_one_in(
