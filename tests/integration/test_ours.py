@@ -5,10 +5,12 @@ another daemon of the same instance, a server frozen on probation)."""
 
 from __future__ import annotations
 
+import http.server
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from collections.abc import Iterator
@@ -103,6 +105,44 @@ def test_another_process_on_the_server_port_is_never_taken_for_our_server(
     op = d.client.post("/start", params={"wait": "true"}).json()["operation"]
     assert op["state"] == "succeeded", op
     assert d.status()["server"]["pid"] != pid
+
+
+class _Answer200(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_launch_whose_own_bind_fails_never_becomes_ready(daemon_factory: type[Daemon]) -> None:
+    """The port is free at the check before the launch; the test takes it while the
+    launcher is still starting (before it binds): /health_generate answers 200, but not
+    from the launch, which fails to bind and exits. Never ``ready``."""
+    d = daemon_factory(gpus=2, sim={"startup_s": 0.5})
+    d.spawn()
+
+    def launched() -> bool:
+        s = d.status_or_none()
+        return s is not None and s["state"] == "starting" and s["server"] is not None
+
+    wait_until(launched, 120, 0.005, "the first launch")
+    try:
+        squatter = http.server.ThreadingHTTPServer(("127.0.0.1", d.server_port), _Answer200)
+    except OSError:
+        pytest.skip("the launch bound the port first (the machine was fast): no race to test")
+    thread = threading.Thread(target=squatter.serve_forever, daemon=True)
+    thread.start()
+    try:
+        status = d.wait_state("failed", timeout=90)
+        assert "-> ready" not in d.log_path.read_text()
+        assert f"is held by pid {os.getpid()}" in status["state_reason"]
+    finally:
+        squatter.shutdown()
+        squatter.server_close()
 
 
 # ------------------------------------------------------------ the instance
