@@ -37,11 +37,12 @@ from api.app import close_streams, create_app
 from api.audit import flush_suppressed
 from api.auth import AuthConfigError, check_listen, load_token
 from api.daemon_signals import DaemonSignals, process_signals
+from api.instance_lock import InstanceBusy, accept_and_close, hold_instance
 from api.logsetup import UVICORN_LOG_CONFIG
 from api.reload import reload_settings
 from api.state_lock import StateDirBusy, lock_state_dir
 from supervisor import sdnotify
-from supervisor.config import Settings
+from supervisor.config import Settings, instance_name
 from supervisor.diskspace import describe_os_error
 from supervisor.engine import Supervisor
 from supervisor.process import set_child_subreaper
@@ -249,9 +250,10 @@ async def serve(
 ) -> int:
     """Run the API and the supervisor until SIGTERM/SIGINT.
 
-    In order: the token check, the state-dir lock, the API socket (so a second daemon
-    fails before touching anything), the supervisor's start, serving; on a signal (at
-    any point: ``signals`` has recorded them since the process began), the server is
+    In order: the token check, the state-dir lock, the instance (host-wide: exit 2
+    naming the daemon that owns it, before any process is touched), the API socket (so
+    a second daemon fails before touching anything), the supervisor's start, serving; on a signal
+    (at any point: ``signals`` has recorded them since the process began), the server is
     stopped and its GPUs verified released (or, with keep_server_on_exit, left for the
     next daemon). ``load_settings`` re-reads the config on SIGHUP; ``log_level`` given
     (``--log-level``) wins over the config's.
@@ -263,8 +265,7 @@ async def serve(
         token = load_token(settings.api.token_file)
         check_listen(settings.api.host, token)
         read_api_key(settings.router)  # an unreadable router key file stops us here
-        lock_state_dir(settings.state_dir)
-        audit_writer = _audit_to_file(settings)
+        state_fd = lock_state_dir(settings.state_dir)
     except OSError as exc:  # read-only, not ours, full: no traceback, no restart loop
         print(state_dir_unusable(settings, exc), file=sys.stderr)
         return EXIT_STATE_DIR
@@ -277,6 +278,32 @@ async def serve(
     except (AuthConfigError, RuntimeError) as exc:
         print(f"sglang-supervisor: {exc}", file=sys.stderr)
         return 2
+    try:
+        # Host-wide, before anything of this instance is touched: a daemon whose state dir
+        # was deleted, or another state dir with the same instance, still owns it.
+        owned = hold_instance(instance_name(settings))
+    except InstanceBusy as exc:
+        print(f"sglang-supervisor: {exc}", file=sys.stderr)
+        os.close(state_fd)
+        return 2
+    loop = asyncio.get_running_loop()
+    loop.add_reader(owned.fileno(), accept_and_close, owned)
+    try:
+        return await _serve_owned(settings, token, log_level, signals, load_settings)
+    finally:
+        loop.remove_reader(owned.fileno())
+        owned.close()
+
+
+async def _serve_owned(
+    settings: Settings,
+    token: str | None,
+    log_level: str | None,
+    signals: DaemonSignals,
+    load_settings: Callable[[], Settings] | None,
+) -> int:
+    """``serve`` once the state dir and the instance are this process's."""
+    audit_writer = _audit_to_file(settings)
     # httpx logs every request at INFO: readiness probes and scrapes would flood the log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     sup = build_supervisor(settings)

@@ -22,3 +22,9 @@ class ApplyRequest(BaseModel):
     dry_run: StrictBool = False
     #: Wait up to this long for running and queued requests to finish before stopping.
     drain_timeout_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    #: Restart the server even when the levers are those it already serves (without it,
+    #: such an apply succeeds at once and touches nothing).
+    force_restart: bool = False
+    #: Apply although the [router] does not answer (it is checked before the stop); a
+    #: router that then does not take the new server does not roll the apply back.
+    without_router: bool = False

@@ -163,6 +163,11 @@ class StatusAnswer(_Open):
     restarts_by_reason: dict[str, int]
     throughput: ThroughputModel
     warnings: list[str]
+    probation: dict[str, Any] | None = Field(
+        None,
+        description="while a new server of an apply is on probation: until (ISO time), "
+        "probes_ok, pid; null otherwise (/readyz answers 503 meanwhile)",
+    )
 
 
 class Health(BaseModel):

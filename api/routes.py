@@ -92,12 +92,16 @@ async def healthz(sup: SupervisorDep) -> dict[str, Any]:
     responses={503: {"model": Readiness, "description": "the server is not ready"}},
 )
 async def readyz(sup: SupervisorDep) -> JSONResponse:
-    """200 only while the SGLang server is ready (answered /health_generate); 503 while
-    it starts, drains, stops, is in backoff or failed, or is stopped. No token: for load
+    """200 only while the SGLang server is ready (answered /health_generate) and not on
+    probation; 503 while it starts, is on probation (a new server of an apply, not yet
+    committed), drains, stops, is in backoff or failed, or is stopped. No token: for load
     balancers and Kubernetes readiness probes."""
     view = sup.view()
-    ready = view.state == ServerState.READY
-    body = {"ready": ready, "state": str(view.state), "reason": view.state_reason}
+    ready = view.state == ServerState.READY and view.probation is None
+    reason = view.state_reason
+    if view.probation is not None:
+        reason = f"on probation until {view.probation['until']}: {reason}"
+    body = {"ready": ready, "state": str(view.state), "reason": reason}
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
@@ -166,6 +170,8 @@ async def post_levers(
             replace=body.replace,
             dry_run=body.dry_run,
             drain_timeout_s=body.drain_timeout_s,
+            force_restart=body.force_restart,
+            without_router=body.without_router,
         )
     except LeverError as exc:
         audit(

@@ -67,6 +67,11 @@ class ProcessOps(Protocol):
         """A handle on a launcher an earlier daemon started, if that very process runs."""
         ...
 
+    def port_listeners(self, host: str, port: int) -> list[int | None]:
+        """Pids listening on ``host:port`` (``None``: one this process cannot see);
+        empty when the port is free. Raises ``supervisor.ports.PortsUnreadable``."""
+        ...
+
 
 @dataclass
 class Backend:

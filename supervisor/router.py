@@ -228,6 +228,11 @@ class WorkerLink(Protocol):
         """Add the server and wait until the router lists it healthy. ``RouterError``."""
         ...
 
+    async def check(self) -> str:
+        """Whether the router answers its worker API now (before an apply's stop);
+        returns what it lists. ``RouterError`` naming the router and what it answered."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -242,6 +247,9 @@ class NoRouter:
         return "no router configured"
 
     async def join(self) -> str:
+        return "no router configured"
+
+    async def check(self) -> str:
         return "no router configured"
 
     async def aclose(self) -> None:
@@ -290,6 +298,10 @@ class RouterLink:
         )
         self.registered = True
         return f"the router {self.client.url} lists {w.url} healthy (worker {w.id})"
+
+    async def check(self) -> str:
+        workers = await self.client.list_workers()
+        return f"the router {self.client.url} answers GET /workers ({len(workers)} listed)"
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from supervisor import process
+from supervisor import ports, process
 from supervisor.backend import Backend, ServerHandle
 from supervisor.config import Settings, instance_tag_prefix
 from supervisor.engine import Supervisor
@@ -69,6 +69,9 @@ class OsProcessOps:
             launch, tag=tag, tag_prefix=tag_prefix, exclude_tag=exclude_tag
         )
         return set(found)
+
+    def port_listeners(self, host: str, port: int) -> list[int | None]:
+        return ports.port_listeners(host, port)
 
 
 def build_backend(settings: Settings) -> Backend:

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from api.instance_lock import owner_pid as instance_owner
 from api.state_lock import daemon_holding
 
 DESCRIPTION = (
@@ -94,6 +95,15 @@ def run_cleanup(args: argparse.Namespace) -> int:
             f"sglang-supervisor cleanup: refused: the daemon (pid {pid}) still runs on state "
             f"dir {settings.state_dir} and owns the server; stop the daemon instead "
             "(systemctl stop sglang-supervisor, or sglang-supervisor stop for the server alone)",
+            file=sys.stderr,
+        )
+        return 2
+    owner = instance_owner(instance_name(settings))
+    if owner is not None:
+        print(
+            f"sglang-supervisor cleanup: refused: instance {instance_name(settings)!r} is "
+            f"owned by a live daemon (pid {owner}, perhaps on another state dir) that owns "
+            "its server; stop that daemon instead",
             file=sys.stderr,
         )
         return 2

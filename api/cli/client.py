@@ -332,18 +332,25 @@ class Client:
         dry_run: bool = False,
         drain_timeout_s: float = 0.0,
         wait: bool = False,
+        force_restart: bool = False,
+        without_router: bool = False,
     ) -> Json:
         """``POST /levers``; returns the operation (finished already for a dry run).
 
         Raises ``Invalid`` (422, nothing touched) or ``Busy`` (409).
         """
-        body = {
+        body: dict[str, Any] = {
             "levers": dict(levers),
             "env": dict(env),
             "replace": replace,
             "dry_run": dry_run,
             "drain_timeout_s": drain_timeout_s,
         }
+        # Sent only when asked for: a daemon from before these options refuses them.
+        if force_restart:
+            body["force_restart"] = True
+        if without_router:
+            body["without_router"] = True
         return self.apply_body(body, wait=wait)
 
     def apply_body(self, body: Mapping[str, Any], *, wait: bool = False) -> Json:

@@ -85,6 +85,16 @@ def _apply_parser(sub: Any) -> None:
         metavar="S",
         help="first wait up to S seconds for running and queued requests to finish",
     )
+    p.add_argument(
+        "--force-restart",
+        action="store_true",
+        help="restart the server even when the levers are those it already serves",
+    )
+    p.add_argument(
+        "--without-router",
+        action="store_true",
+        help="apply although the [router] does not answer (checked before the stop)",
+    )
     add_follow_options(p)
 
 

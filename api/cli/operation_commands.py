@@ -41,6 +41,8 @@ def cmd_apply(args: argparse.Namespace, client: Client) -> int:
             replace=args.replace,
             dry_run=args.dry_run,
             drain_timeout_s=args.drain,
+            force_restart=args.force_restart,
+            without_router=args.without_router,
         )
         changes = lever_changes(before, op.get("levers_requested") or {})
         if args.dry_run:

@@ -32,6 +32,7 @@ from supervisor.planner.hostpool import DevicePool
 from supervisor.planner.inputs import lever_bool, lever_float
 from supervisor.planner.sharding import model_dir_sharding_problems
 from supervisor.resolution import GpuFacts, Verdict, default_resolver, resolve_levers
+from supervisor.router import RouterError
 from supervisor.sglang_parser import (
     ParserUnavailable,
     check_argv,
@@ -386,3 +387,36 @@ async def refuse_if_foreign(sup: Supervisor, op: Operation) -> bool:
     op.phase(PhaseName.FOREIGN_PROCESSES).end(FAILED, why)
     op.finish(FAILED, why)
     return True
+
+
+def serving_unchanged(sup: Supervisor, checked: LeverSet) -> bool:
+    """Whether ``checked`` is exactly what the ready server serves (its launcher alive):
+    an apply of it has nothing to change and restarts nothing."""
+    server = sup.server
+    if sup.state != S.READY or server is None or server.handle.poll():
+        return False
+    return not server.levers.diff(checked)
+
+
+async def router_answers(sup: Supervisor) -> None:
+    """Before an apply stops anything: with ``[router]``, the router must answer its
+    worker API, or the new server could never be added and the apply would roll back
+    after two restarts for nothing. Raises ``LeverError`` naming the router and what it
+    answered (the request's ``without_router`` skips this check)."""
+    if not sup.router.enabled:
+        return
+    try:
+        await sup.router.check()
+    except RouterError as exc:
+        sup.router_error = str(exc)
+        raise LeverError(
+            [
+                LeverProblem(
+                    "router",
+                    f"{exc}; nothing was stopped. Fix the router ([router] url "
+                    f"{sup.settings.router.url}), or apply with without_router: true "
+                    "(CLI --without-router) to change the server anyway: it then serves "
+                    "outside the router until the router takes it",
+                )
+            ]
+        ) from exc

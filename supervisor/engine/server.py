@@ -21,6 +21,7 @@ import httpx
 
 from supervisor import diskspace, preflight, serverlogs
 from supervisor.backend import ServerHandle
+from supervisor.engine import ownership
 from supervisor.gpu import FOREIGN_ADVICE, GpuSample, cuda_visible_devices, wait_released
 from supervisor.levers import LeverSet, render_argv
 from supervisor.operations import FAILED, SUCCEEDED, Operation, wall_iso
@@ -132,6 +133,11 @@ async def launch_until_ready(
             serverlogs.prune, sup.journal.logs_dir, sup.settings.server.log_keep_launches - 1
         )
         argv = [*sup.backend.command, *flags(sup, levers)]
+        taken = await ownership.port_taken(sup)
+        if taken is not None:
+            op.rollback_reason = taken
+            ph.end(FAILED, taken)
+            return False
         try:
             handle = await asyncio.to_thread(
                 sup.procs.spawn, argv, server_env(sup, levers), tag=tag, log_path=log_path
@@ -147,6 +153,8 @@ async def launch_until_ready(
         await wait_ready(sup, op, handle)
         ph.end(SUCCEEDED, f"pid {handle.pid} ready")
         if probation and sup.settings.timeouts.probation_s > 0:
+            from supervisor.engine.probation import watch_probation  # it uses this module
+
             ph = op.phase(PhaseName.PROBATION)
             await watch_probation(sup, op, handle)
             ph.end(SUCCEEDED, f"pid {handle.pid} still serving")
@@ -179,19 +187,33 @@ async def wait_ready(sup: Supervisor, op: Operation, handle: ServerHandle) -> No
     t = sup.settings.timeouts
     t0 = sup.clock()
     deadline = t0 + t.ready_timeout_s
+    impostor: str | None = None  # who answered 200 without being this launch
     while True:
         if handle.poll():
-            raise StartFailed(await exit_reason(handle, "during start"))
+            why = await exit_reason(handle, "during start")
+            if impostor is not None:
+                why += f"; meanwhile /health_generate was answered by another process: {impostor}"
+            raise StartFailed(why)
         checkpoint(sup, op)
         remaining = deadline - sup.clock()
         if remaining <= 0:
+            if impostor is not None:
+                raise StartFailed(
+                    f"not ready after {t.ready_timeout_s:g}s (ready_timeout_s): "
+                    f"/health_generate answered 200, but not from this launch: {impostor}"
+                )
             raise StartFailed(
                 f"not ready after {t.ready_timeout_s:g}s (ready_timeout_s): "
                 f"/health_generate never answered 200; pid {handle.pid} was still running"
             )
         probe = await sup.health.generate_ok(sup.url, min(5.0, max(0.5, remaining)))
         if probe.ok:
-            break
+            # A 200 counts only from a listener of this launch (another process on the
+            # port would answer for a launch whose own bind failed).
+            other = await ownership.foreign_listener(sup, handle)
+            if other is None:
+                break
+            impostor = other
         # Probing often keeps the lag between "ready" and noticing it short; after the
         # first 10 s (a real model load takes minutes) a tenth of the rate is enough.
         interval = t.readiness_poll_s if sup.clock() - t0 < 10 else t.readiness_poll_s * 10
@@ -233,36 +255,6 @@ async def judge_hung(sup: Supervisor, op: Operation, handle: ServerHandle, detai
         f"hung: pid {handle.pid} had been ready but failed {failures} liveness probes in a "
         f"row at adoption (last: {detail})"
     )
-
-
-async def watch_probation(sup: Supervisor, op: Operation, handle: ServerHandle) -> None:
-    """The new server must stay up *and healthy* for ``probation_s`` after it was first
-    ready: its launcher alive at every poll, and /health_generate answering a probe every
-    fifth of the window (the last one at its end). ``liveness_failures`` failed probes in
-    a row fail it (``StartFailed``), as for a ready server; so does a window that ends
-    on failed probes."""
-    t = sup.settings.timeouts
-    deadline = sup.clock() + t.probation_s
-    every = max(t.probation_s / 5, sup.poll_s)
-    next_probe = min(sup.clock() + every, deadline)
-    failures = 0
-    while True:
-        if handle.poll():
-            raise StartFailed(await exit_reason(handle, "within the probation window"))
-        if sup.clock() >= next_probe:
-            # The liveness timeout: a loaded server may take long to answer, and is not hung.
-            probe = await sup.health.generate_ok(sup.url, t.liveness_timeout_s)
-            failures = 0 if probe.ok else failures + 1
-            if failures >= t.liveness_failures:
-                raise StartFailed(
-                    f"unhealthy within the probation window: {failures} /health_generate "
-                    f"probes of pid {handle.pid} failed in a row (last: {probe.detail})"
-                )
-            now = sup.clock()
-            if probe.ok and now >= deadline:
-                return
-            next_probe = min(now + every, deadline) if now < deadline else now + every
-        await pause(sup, op, max(0.0, min(sup.poll_s, next_probe - sup.clock())))
 
 
 async def exit_reason(handle: ServerHandle, when: str) -> str:

@@ -14,6 +14,7 @@ from supervisor.backend import ServerHandle
 from supervisor.engine import persisted as persisted_levers
 from supervisor.engine import routing
 from supervisor.engine.checks import refuse_if_foreign, warm_resolution
+from supervisor.engine.probation import watch_probation
 from supervisor.engine.server import (
     Cancelled,
     ServerInfo,
@@ -25,7 +26,6 @@ from supervisor.engine.server import (
     stop_and_release,
     teardown,
     wait_ready,
-    watch_probation,
 )
 from supervisor.engine.transaction import commit, recover, roll_back
 from supervisor.gpu import GpuInfo, GpuQueryError, resolve_gpus

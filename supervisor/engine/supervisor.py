@@ -119,6 +119,9 @@ class Supervisor:
         #: still running or queued at its end (None: unknown or no drain yet).
         self.last_drain_s: float | None = None
         self.last_drain_left: float | None = None
+        #: While a new server is on probation: ``{"until", "probes_ok", "pid"}`` (None:
+        #: not on probation). /readyz answers 503 meanwhile.
+        self.probation: dict[str, Any] | None = None
 
     # --------------------------------------------------------- the operations
 
@@ -321,11 +324,17 @@ class Supervisor:
         replace: bool = False,
         dry_run: bool = False,
         drain_timeout_s: float = 0.0,
+        force_restart: bool = False,
+        without_router: bool = False,
     ) -> Operation:
-        """Validate and preflight a lever change, then run it as an operation.
+        """Validate and preflight a lever change (with ``[router]``: the router answers,
+        unless ``without_router``), then run it as an operation.
 
-        Raises ``LeverError`` (nothing touched) or ``Busy``. With ``dry_run`` the returned
-        operation is already finished and nothing was touched.
+        The levers the ready server already serves change nothing: the operation
+        succeeds at once and the server is not touched, unless ``force_restart``.
+        With ``without_router`` a router that does not take the new server does not roll
+        the apply back. Raises ``LeverError`` (nothing touched) or ``Busy``. With
+        ``dry_run`` the returned operation is already finished and nothing was touched.
         """
         # A restart waiting out its backoff yields to the operator, but only once the
         # request has been found valid (below): a typo must not cancel a recovery.
@@ -333,6 +342,9 @@ class Supervisor:
             checks.refuse_if_busy(self)
         requested = self.requested_levers(levers, env, replace=replace)
         checked, passed, resolved = await checks.before_the_stop(self, requested)  # LeverError
+        unchanged = not force_restart and checks.serving_unchanged(self, checked)
+        if not unchanged and not without_router:
+            await checks.router_answers(self)  # LeverError
         if dry_run:
             op = Operation(kind=OpKind.APPLY, levers_requested=checked.to_json(), dry_run=True)
             self.ops.keep(op)
@@ -349,9 +361,14 @@ class Supervisor:
             op.levers_effective = self.levers.to_json()
             op.finish(SUCCEEDED)
             op.phases[-1].detail += f"; would change {', '.join(diff) or 'nothing'}"
+            if unchanged:
+                op.phases[-1].detail += " (the server would not be restarted)"
+            return op
+        if unchanged:
+            self.ops.run(op, transaction.keep_serving(self, op))
             return op
         drain = min(max(0.0, drain_timeout_s), self.settings.timeouts.max_drain_s)
-        self.ops.run(op, transaction.apply(self, op, checked, drain))
+        self.ops.run(op, transaction.apply(self, op, checked, drain, without_router=without_router))
         return op
 
     def submit_stop(self) -> Operation:

@@ -37,9 +37,12 @@ S = ServerState
 log = logging.getLogger("supervisor")
 
 
-async def apply(sup: Supervisor, op: Operation, new: LeverSet, drain_s: float) -> None:
+async def apply(
+    sup: Supervisor, op: Operation, new: LeverSet, drain_s: float, *, without_router: bool = False
+) -> None:
     """journal -> drain -> stop and release -> launch with probation -> commit, or roll
-    back to the last-good levers. Validation and preflight ran before (nothing stopped)."""
+    back to the last-good levers. Validation and preflight ran before (nothing stopped).
+    With ``without_router`` a failed ``router_add`` is reported, not rolled back."""
     await sup.journal.begin_apply(op.id, new)
     exiting = False
     try:
@@ -50,8 +53,10 @@ async def apply(sup: Supervisor, op: Operation, new: LeverSet, drain_s: float) -
             return
         if await launch_until_ready(sup, op, new, probation=True):
             refused = await routing.join(sup, op)
-            if refused is None:
+            if refused is None or without_router:
                 await commit(sup, op, new)
+                if refused is not None:  # the operator chose to go on without the router
+                    op.phases[-1].detail += f"; outside the router (without_router): {refused}"
                 return
             op.rollback_reason = refused
         await roll_back(sup, op, op.rollback_reason or "the new levers failed")
@@ -63,6 +68,20 @@ async def apply(sup: Supervisor, op: Operation, new: LeverSet, drain_s: float) -
         # middle never gets here, and its successor reports the interrupted apply.
         if not exiting:
             await sup.journal.clear_pending()
+
+
+async def keep_serving(sup: Supervisor, op: Operation) -> None:
+    """An apply of exactly the levers the ready server serves: nothing to change, so
+    nothing is stopped (``force_restart`` in the request restarts it anyway)."""
+    server = sup.server
+    pid = "?" if server is None else server.handle.pid
+    op.levers_effective = sup.levers.to_json()
+    op.phase(PhaseName.COMMIT).end(
+        SUCCEEDED,
+        f"nothing changed: pid {pid} already serves levers {sup.levers.digest()}; not "
+        "restarted (force_restart: true restarts it)",
+    )
+    op.finish(SUCCEEDED)
 
 
 async def drain_or_cancel(sup: Supervisor, op: Operation, drain_s: float) -> bool:

@@ -102,6 +102,8 @@ class SupervisorView:
     #: The last drain before a stop: seconds, and requests left at its end.
     last_drain_s: float | None = None
     last_drain_left: float | None = None
+    #: ``{"until", "probes_ok", "pid"}`` while a new server is on probation, else None.
+    probation: Mapping[str, Any] | None = None
 
     @property
     def gpu_indices(self) -> list[int]:
@@ -138,6 +140,7 @@ class SupervisorView:
             "last_drain": None
             if self.last_drain_s is None
             else {"duration_s": round(self.last_drain_s, 3), "requests_left": self.last_drain_left},
+            "probation": None if self.probation is None else dict(self.probation),
         }
 
 
@@ -193,6 +196,7 @@ def snapshot(sup: Supervisor) -> SupervisorView:
         ),
         last_drain_s=sup.last_drain_s,
         last_drain_left=sup.last_drain_left,
+        probation=None if sup.probation is None else frozen_map(sup.probation),
     )
 
 

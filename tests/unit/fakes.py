@@ -219,6 +219,12 @@ class Behaviour:
     ignore_sigterm: bool = False
     #: The ranks are stuck in the driver (D state): they survive SIGKILL and keep memory.
     unkillable: bool = False
+    #: False: its bind of the server port fails (it listens nowhere; another process
+    #: on the port may answer /health_generate for it).
+    binds: bool = True
+    #: Frozen (SIGSTOP) once it has answered ready: every later probe hangs for its
+    #: whole timeout, then fails.
+    freeze_after_ready: bool = False
     #: Lines the server writes to its log.
     log_lines: list[str] = field(default_factory=list)
     max_total_num_tokens: int = 400_000
@@ -310,6 +316,8 @@ class FakeProcessOps:
         self.max_concurrent_teardowns = 0
         #: Spawns that have entered ``spawn`` (whether or not they have returned).
         self.spawns_begun = 0
+        #: Processes not ours listening on the server port (None: one we cannot see).
+        self.port_squatters: list[int | None] = []
 
     def plan(self, *behaviours: Behaviour) -> None:
         """The next launches behave like this, in order; later ones like ``default``."""
@@ -445,6 +453,18 @@ class FakeProcessOps:
                 if self._matches(p, handle, tag, tag_prefix, exclude_tag)
             }
 
+    def port_listeners(self, host: str, port: int) -> list[int | None]:
+        """The squatters, then every live launcher that binds and has answered ready."""
+        with self.lock:
+            ours: list[int | None] = [
+                s.handle.pid
+                for s in self.spawns
+                if s.handle.returncode is None
+                and s.handle.behaviour.binds
+                and s.handle.ready_at is not None
+            ]
+            return [*self.port_squatters, *ours]
+
     def adopt(self, pid: int, create_time: float, tag: str, log_path: Path) -> FakeHandle | None:
         """The launch an earlier daemon started, if that very launcher still runs."""
         with self.lock:
@@ -564,6 +584,11 @@ class FakeHealth:
         handle = self.procs.current()
         if handle is None:
             return Probe(False, f"GET {url}/health_generate failed: ConnectError")
+        with self.procs.lock:
+            frozen = handle.behaviour.freeze_after_ready and handle.ready_at is not None
+        if frozen:
+            await asyncio.sleep(timeout_s)  # a stopped process never answers
+            return Probe(False, f"GET {url}/health_generate timed out after {timeout_s}s")
         with self.procs.lock:
             handle.probes += 1
             b = handle.behaviour

@@ -20,21 +20,29 @@ class FakeRouter:
     def __init__(self) -> None:
         self.listed = False
         self.down = False
+        #: Reachable, but answers what no sglang-router would (a worker list is missing).
+        self.garbage = False
         self.registered: bool | None = None
 
     async def leave(self) -> str:
-        if self.down:
+        if self.down or self.garbage:
             raise RouterError("router unreachable: DELETE http://router/workers/x failed")
         self.listed = False
         self.registered = False
         return "removed"
 
     async def join(self) -> str:
-        if self.down:
+        if self.down or self.garbage:
             raise RouterError("router unreachable: POST http://router/workers failed")
         self.listed = True
         self.registered = True
         return "listed healthy"
+
+    async def check(self) -> str:
+        if self.down or self.garbage:
+            what = "answered 200 with HTML, not a worker list" if self.garbage else "unreachable"
+            raise RouterError(f"router http://router: GET http://router/workers {what}")
+        return "answers"
 
     async def aclose(self) -> None:
         return None
