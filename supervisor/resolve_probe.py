@@ -207,19 +207,107 @@ def _model_reachable(model_path: str) -> str | None:
         return f"{model_path} has no config.json"
     if os.path.exists(model_path):  # a single file (GGUF...): SGLang reads it itself
         return None
-    with contextlib.suppress(Exception):
-        from huggingface_hub import try_to_load_from_cache
-
-        hit = try_to_load_from_cache(model_path, "config.json")
-        if isinstance(hit, str):
-            return None
+    if cached_config(model_path) is not None:  # noqa: F821 - probe_checks, sent ahead
+        return None
     return (
-        f"model_path {model_path!r} is not a local directory and its config is not in the "
-        "Hugging Face cache (the probe never downloads)"
+        f"model_path {model_path!r} is a Hugging Face id whose config is not in the local "
+        f"hub cache ({hub_cache_dir()}; the probe never downloads)"  # noqa: F821
     )
 
 
-def run(argv: list[str], gpu: dict[str, Any]) -> dict[str, Any]:
+def _not_run(check: str, reason: str) -> dict[str, str]:
+    return {"check": check, "reason": reason[:600]}
+
+
+def _stages(args: Any, out: dict[str, Any]) -> dict[str, Any] | None:
+    """SGLang's resolution, then check_server_args, on ``args``: the refusal (a dict of
+    stage, message, where, error_type) or None; what could not run goes to
+    ``out["not_run"]``."""
+    timings = out["timings"]
+    for stage, step in (("resolve", args.resolve_once), ("check", args.check_server_args)):
+        t = time.monotonic()
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                step()
+        except Exception as exc:
+            where, own = _where(exc)
+            message = str(exc) or type(exc).__name__
+            timings[f"{stage}_s"] = time.monotonic() - t
+            after = f"SGLang's {stage} from {where or 'its start'} on"
+            if isinstance(exc, (NeedsGpu, ImportError)):
+                missing = getattr(exc, "name", None)
+                why = (
+                    "needs a GPU"
+                    if isinstance(exc, NeedsGpu)
+                    else f"needs the module {missing!r} (not installed in this environment)"
+                    if missing
+                    else f"needs {exc}"
+                )
+                out["not_run"].append(_not_run(after, f"{why}; only start-up can check it"))
+            elif isinstance(exc, _REFUSALS) and own:
+                return {
+                    "stage": stage,
+                    "message": message,
+                    "where": where,
+                    "error_type": type(exc).__name__,
+                }
+            else:
+                out["not_run"].append(
+                    _not_run(after, f"SGLang stopped with {type(exc).__name__}: {message}")
+                )
+            return None
+        timings[f"{stage}_s"] = time.monotonic() - t
+    return None
+
+
+def _parse_quietly(argv: list[str]) -> Any:
+    from sglang.srt.server_args import prepare_server_args
+
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        return prepare_server_args(argv)
+
+
+def _with_standins(argv: list[str], model: str, missing: str, out: dict[str, Any]) -> Any:
+    """SGLang's resolution and checks with stand-in configs in place of the model's.
+
+    Each stand-in (``probe_checks.STANDINS``: two architectures and shapes) runs the whole
+    pipeline; a refusal is reported only when both give the same one (no model fact
+    decided it), else it is a check that did not run. Returns the refusal or None."""
+    answers = []
+    for i in range(len(STANDINS)):  # noqa: F821 - probe_checks, sent ahead
+        args = _parse_quietly(argv)
+        args.model_path = standin_dir(i)  # noqa: F821
+        if args.served_model_name is None:  # SGLang names the server after model_path
+            args.served_model_name = model
+        sub: dict[str, Any] = {"not_run": [], "timings": out["timings"]}
+        answers.append((_stages(args, sub), sub["not_run"]))
+    (first, first_not_run), (second, _) = answers
+    out["not_run"].extend(first_not_run)
+    if first is not None and second is not None and first["message"] == second["message"]:
+        return first
+    for refusal in (first, second):
+        if refusal is not None:
+            out["not_run"].append(
+                _not_run(
+                    f"SGLang's {refusal['stage']} at {refusal['where']}",
+                    f"refused under one stand-in config only ({refusal['message']}): it "
+                    "depends on the model, whose config is not here",
+                )
+            )
+            break
+    out["not_run"].append(
+        _not_run(
+            "SGLang's model-dependent resolution and checks",
+            f"needs the model config: {missing}; the model-independent checks ran with "
+            "stand-in configs",
+        )
+    )
+    return None
+
+
+def run(
+    argv: list[str], gpu: dict[str, Any], paths: dict[str, str] | None = None
+) -> dict[str, Any]:
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -231,6 +319,7 @@ def run(argv: list[str], gpu: dict[str, Any]) -> dict[str, Any]:
         "where": None,
         "error_type": None,
         "resolved": {},
+        "problems": [],
         "not_run": [],
         "notes": [],
         "timings": timings,
@@ -263,65 +352,40 @@ def run(argv: list[str], gpu: dict[str, Any]) -> dict[str, Any]:
             "error_type": type(exc).__name__,
         }
     timings["parse_s"] = time.monotonic() - t0 - timings["import_s"]
+    problems = check_paths(args, paths or {})  # noqa: F821 - probe_checks, sent ahead
+    if problems:
+        return {
+            **out,
+            "ok": False,
+            "stage": "paths",
+            "message": problems[0]["message"],
+            "problems": problems,
+        }
     logging.disable(logging.WARNING)
-    missing_model = _model_reachable(str(args.model_path))
-    if missing_model is not None:
-        # SGLang runs its model-independent checks before it returns early for a
-        # dummy model: run those, and say the rest did not run.
-        args.model_path = "dummy"
-        out["not_run"].append(
-            f"SGLang's model-dependent resolution and checks: needs the model config "
-            f"({missing_model})"
-        )
-    for stage, step in (("resolve", args.resolve_once), ("check", args.check_server_args)):
-        t = time.monotonic()
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                step()
-        except Exception as exc:
-            where, own = _where(exc)
-            message = str(exc) or type(exc).__name__
-            if isinstance(exc, (NeedsGpu, ImportError)):
-                missing = getattr(exc, "name", None)
-                why = (
-                    "needs a GPU"
-                    if isinstance(exc, NeedsGpu)
-                    else f"needs the module {missing!r} (not installed in this environment)"
-                    if missing
-                    else f"needs {exc}"
-                )
-                out["not_run"].append(
-                    f"{stage} from {where or 'SGLang'} on: {why}; only start-up can check it"
-                )
-            elif isinstance(exc, _REFUSALS) and own:
-                return {
-                    **out,
-                    "ok": False,
-                    "stage": stage,
-                    "message": message,
-                    "where": where,
-                    "error_type": type(exc).__name__,
-                }
-            else:
-                out["not_run"].append(
-                    f"{stage} from {where or 'SGLang'} on: {type(exc).__name__}: {message}"[:600]
-                )
-            timings[f"{stage}_s"] = time.monotonic() - t
-            break
-        timings[f"{stage}_s"] = time.monotonic() - t
+    model = str(args.model_path)
+    missing_model = _model_reachable(model)
+    if missing_model is None:
+        refusal = _stages(args, out)
     else:
-        if missing_model is None:
-            out["resolved"] = _resolved(args)
+        refusal = _with_standins(argv, model, missing_model, out)
+    if refusal is not None:
+        return {**out, "ok": False, **refusal}
+    if missing_model is None and not out["not_run"]:
+        out["resolved"] = _resolved(args)
     out["not_run"].append(
-        "start-up only: weights on the GPUs, KV pool size (hence max_running_requests when "
-        "unset), kernel builds and CUDA-graph capture, kernel package versions"
+        _not_run(
+            "start-up only: weights on the GPUs, KV pool size (hence max_running_requests "
+            "when unset), kernel builds and CUDA-graph capture, kernel package versions",
+            "needs the GPUs and the weights: only the server's start-up can check it",
+        )
     )
     return out
 
 
 def _answer(request: dict[str, Any]) -> dict[str, Any]:
     try:
-        return run([str(a) for a in request["argv"]], request["gpu"])
+        paths = request.get("paths") or {}
+        return run([str(a) for a in request["argv"]], request["gpu"], dict(paths))
     except Exception as exc:  # SGLang or torch failing at import: not a verdict
         return {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
 

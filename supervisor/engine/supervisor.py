@@ -332,13 +332,14 @@ class Supervisor:
         if not dry_run and current is not None and not current.finished and not waiting_restart:
             raise Busy(current)
         requested = self.requested_levers(levers, env, replace=replace)
-        checked, passed, resolved = await checks.before_the_stop(self, requested)  # LeverError
+        checked, passed, resolved, not_run = await checks.before_the_stop(self, requested)
         if dry_run:
             op = Operation(kind=OpKind.APPLY, levers_requested=checked.to_json(), dry_run=True)
             self.ops.keep(op)
         else:
             self._preempt_backoff()
             op = self._begin(OpKind.APPLY, checked)  # Busy if another started meanwhile
+        op.not_run = not_run
         op.resolved = resolved
         for name, detail, took in passed:
             ph = op.phase(name)
