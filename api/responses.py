@@ -59,6 +59,11 @@ class PhaseModel(_Open):
     detail: str = ""
 
 
+class NotRunModel(BaseModel):
+    check: str = Field(description="what did not run (a check of SGLang's, start-up only...)")
+    reason: str = Field(description="why: what this host lacks (the model config, a GPU...)")
+
+
 class OperationModel(_Open):
     id: str
     kind: str = Field(description="apply, stop, start, restart, recover, shutdown")
@@ -75,6 +80,10 @@ class OperationModel(_Open):
     levers_effective: dict[str, Any] | None = None
     resolved: dict[str, Any] | None = Field(
         None, description="what SGLang's resolution pipeline made of the levers (validate)"
+    )
+    not_run: list[NotRunModel] = Field(
+        default_factory=list,
+        description="checks of the validate phase that did not run here, each with why",
     )
 
 

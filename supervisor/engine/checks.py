@@ -300,6 +300,7 @@ async def preflight(sup: Supervisor, levers: LeverSet) -> list[LeverProblem]:
         server_host=sup.settings.server.host,
         server_port=sup.settings.server.port,
         port_is_ours=running,
+        server_cwd=sup.settings.server.cwd,
     )
 
 

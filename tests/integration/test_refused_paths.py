@@ -111,13 +111,13 @@ PATH_CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     (
         "ssl_keyfile_missing",
-        {"ssl_keyfile": "/nonexistent/key.pem", "ssl_certfile": "/etc/hostname"},
+        {"ssl_keyfile": "/nonexistent/key.pem", "ssl_certfile": "/etc/passwd"},
         "ssl_keyfile",
         "'/nonexistent/key.pem' does not exist",
     ),
     (
         "ssl_certfile_a_directory",
-        {"ssl_keyfile": "/etc/hostname", "ssl_certfile": "/etc"},
+        {"ssl_keyfile": "/etc/passwd", "ssl_certfile": "/etc"},
         "ssl_certfile",
         "'/etc' is not a file",
     ),
@@ -184,7 +184,7 @@ def test_paths_are_read_as_the_server_sees_them(daemon: Daemon, server_cwd: Path
     _dry(daemon, {"tokenizer_path": "./tokenizer"})
     # A Hugging Face id is not a path; a built-in template name is not a file.
     _dry(daemon, {"tokenizer_path": "meta-llama/Llama-3.1-8B-Instruct", "chat_template": "chatml"})
-    _dry(daemon, {"ssl_keyfile": "/etc/hostname", "ssl_certfile": "/etc/hostname"})
+    _dry(daemon, {"ssl_keyfile": "/etc/passwd", "ssl_certfile": "/etc/passwd"})
     _dry(daemon, {"json_model_override_args": '{"rope_theta": 10000}'})
 
 
