@@ -37,7 +37,16 @@ import sys
 import time
 import traceback
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # at run time these come in the same -c program (probe_source)
+    from supervisor.probe_checks import (
+        STANDINS,
+        cached_config,
+        check_paths,
+        hub_cache_dir,
+        standin_dir,
+    )
 
 #: Resolved fields the supervisor shows (the full diff against the input comes too).
 KEY_FIELDS = (
@@ -207,11 +216,11 @@ def _model_reachable(model_path: str) -> str | None:
         return f"{model_path} has no config.json"
     if os.path.exists(model_path):  # a single file (GGUF...): SGLang reads it itself
         return None
-    if cached_config(model_path) is not None:  # noqa: F821 - probe_checks, sent ahead
+    if cached_config(model_path) is not None:
         return None
     return (
         f"model_path {model_path!r} is a Hugging Face id whose config is not in the local "
-        f"hub cache ({hub_cache_dir()}; the probe never downloads)"  # noqa: F821
+        f"hub cache ({hub_cache_dir()}; the probe never downloads)"
     )
 
 
@@ -274,9 +283,9 @@ def _with_standins(argv: list[str], model: str, missing: str, out: dict[str, Any
     pipeline; a refusal is reported only when both give the same one (no model fact
     decided it), else it is a check that did not run. Returns the refusal or None."""
     answers = []
-    for i in range(len(STANDINS)):  # noqa: F821 - probe_checks, sent ahead
+    for i in range(len(STANDINS)):
         args = _parse_quietly(argv)
-        args.model_path = standin_dir(i)  # noqa: F821
+        args.model_path = standin_dir(i)
         if args.served_model_name is None:  # SGLang names the server after model_path
             args.served_model_name = model
         sub: dict[str, Any] = {"not_run": [], "timings": out["timings"]}
@@ -352,7 +361,7 @@ def run(
             "error_type": type(exc).__name__,
         }
     timings["parse_s"] = time.monotonic() - t0 - timings["import_s"]
-    problems = check_paths(args, paths or {})  # noqa: F821 - probe_checks, sent ahead
+    problems = check_paths(args, paths or {})
     if problems:
         return {
             **out,
