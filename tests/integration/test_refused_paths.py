@@ -269,3 +269,13 @@ def test_stand_in_configs_do_not_change_a_model_independent_verdict(
     with_config = _refused(daemon, {"model_path": DEEPSEEK, **levers}, {"HF_HOME": str(hub_home)})
     without = _refused(daemon, {"model_path": DEEPSEEK, **levers})
     assert with_config == without
+
+
+def test_the_cli_dry_run_lists_what_did_not_run(daemon: Daemon) -> None:
+    from tests.integration.test_cli import cli
+
+    r = cli(daemon, "apply", "--dry-run", "--set", f"model_path={DEEPSEEK}", timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = "not checked here: SGLang's model-dependent resolution and checks: needs the model"
+    assert line in r.stdout and DEEPSEEK in r.stdout, r.stdout
+    assert "TypeError" not in r.stdout
