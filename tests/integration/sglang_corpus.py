@@ -130,7 +130,7 @@ BAD: list[Bad] = [
     ),
     Bad(
         "ssl_ca_without_cert",
-        {**L8, "ssl_ca_certs": "/etc/ssl/ca.pem"},
+        {**L8, "ssl_ca_certs": "/etc/passwd"},
         AG + "serving_hook.py:60 in handle_ssl_validation",
         "has no effect",
         "ssl_ca_certs",
