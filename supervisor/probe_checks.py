@@ -12,11 +12,15 @@ what is checked is what the server will find. Which levers and kinds: see
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # at run time: the same -c program (resolution.probe_source)
+    from supervisor.resolve_probe import _stages
 
 #: A Hugging Face repo id (huggingface_hub's validate_repo_id: ``name`` or
 #: ``namespace/name``, letters, digits, ``-_.``; never ``..`` nor a leading ``-``/``.``).
@@ -222,3 +226,72 @@ def standin_dir(index: int) -> str:
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(STANDINS[index], f)
     return path
+
+
+def model_unreachable(model_path: str) -> str | None:
+    """None when the model's config can be read without a network, else why not."""
+    if model_path.lower() in ("none", "dummy"):
+        return None
+    if os.path.isdir(model_path):
+        if os.path.exists(os.path.join(model_path, "config.json")):
+            return None
+        return f"{model_path} has no config.json"
+    if os.path.exists(model_path):  # a single file (GGUF...): SGLang reads it itself
+        return None
+    if cached_config(model_path) is not None:
+        return None
+    return (
+        f"model_path {model_path!r} is a Hugging Face id whose config is not in the local "
+        f"hub cache ({hub_cache_dir()}; the probe never downloads)"
+    )
+
+
+def not_run_item(check: str, reason: str) -> dict[str, str]:
+    """One entry of the verdict's ``not_run``: what did not run, and why."""
+    return {"check": check, "reason": reason[:600]}
+
+
+def _parse_quietly(argv: list[str]) -> Any:
+    """SGLang's ``prepare_server_args`` (a fresh record: resolution mutates it)."""
+    from sglang.srt.server_args import prepare_server_args
+
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        return prepare_server_args(argv)
+
+
+def with_standins(argv: list[str], model: str, missing: str, out: dict[str, Any]) -> Any:
+    """SGLang's resolution and checks with stand-in configs in place of the model's.
+
+    Each stand-in (``probe_checks.STANDINS``: two architectures and shapes) runs the whole
+    pipeline; a refusal is reported only when both give the same one (no model fact
+    decided it), else it is a check that did not run. Returns the refusal or None."""
+    answers = []
+    for i in range(len(STANDINS)):
+        args = _parse_quietly(argv)
+        args.model_path = standin_dir(i)
+        if args.served_model_name is None:  # SGLang names the server after model_path
+            args.served_model_name = model
+        sub: dict[str, Any] = {"not_run": [], "timings": out["timings"]}
+        answers.append((_stages(args, sub), sub["not_run"]))
+    (first, first_not_run), (second, _) = answers
+    out["not_run"].extend(first_not_run)
+    if first is not None and second is not None and first["message"] == second["message"]:
+        return first
+    for refusal in (first, second):
+        if refusal is not None:
+            out["not_run"].append(
+                not_run_item(
+                    f"SGLang's {refusal['stage']} at {refusal['where']}",
+                    f"refused under one stand-in config only ({refusal['message']}): it "
+                    "depends on the model, whose config is not here",
+                )
+            )
+            break
+    out["not_run"].append(
+        not_run_item(
+            "SGLang's model-dependent resolution and checks",
+            f"needs the model config: {missing}; the model-independent checks ran with "
+            "stand-in configs",
+        )
+    )
+    return None

@@ -40,13 +40,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # at run time these come in the same -c program (probe_source)
-    from supervisor.probe_checks import (
-        STANDINS,
-        cached_config,
-        check_paths,
-        hub_cache_dir,
-        standin_dir,
-    )
+    from supervisor.probe_checks import check_paths, model_unreachable, not_run_item, with_standins
 
 #: Resolved fields the supervisor shows (the full diff against the input comes too).
 KEY_FIELDS = (
@@ -206,28 +200,6 @@ def _resolved(args: Any) -> dict[str, Any]:
     return out
 
 
-def _model_reachable(model_path: str) -> str | None:
-    """None when the model's config can be read without a network, else why not."""
-    if model_path.lower() in ("none", "dummy"):
-        return None
-    if os.path.isdir(model_path):
-        if os.path.exists(os.path.join(model_path, "config.json")):
-            return None
-        return f"{model_path} has no config.json"
-    if os.path.exists(model_path):  # a single file (GGUF...): SGLang reads it itself
-        return None
-    if cached_config(model_path) is not None:
-        return None
-    return (
-        f"model_path {model_path!r} is a Hugging Face id whose config is not in the local "
-        f"hub cache ({hub_cache_dir()}; the probe never downloads)"
-    )
-
-
-def _not_run(check: str, reason: str) -> dict[str, str]:
-    return {"check": check, "reason": reason[:600]}
-
-
 def _stages(args: Any, out: dict[str, Any]) -> dict[str, Any] | None:
     """SGLang's resolution, then check_server_args, on ``args``: the refusal (a dict of
     stage, message, where, error_type) or None; what could not run goes to
@@ -252,7 +224,7 @@ def _stages(args: Any, out: dict[str, Any]) -> dict[str, Any] | None:
                     if missing
                     else f"needs {exc}"
                 )
-                out["not_run"].append(_not_run(after, f"{why}; only start-up can check it"))
+                out["not_run"].append(not_run_item(after, f"{why}; only start-up can check it"))
             elif isinstance(exc, _REFUSALS) and own:
                 return {
                     "stage": stage,
@@ -262,55 +234,10 @@ def _stages(args: Any, out: dict[str, Any]) -> dict[str, Any] | None:
                 }
             else:
                 out["not_run"].append(
-                    _not_run(after, f"SGLang stopped with {type(exc).__name__}: {message}")
+                    not_run_item(after, f"SGLang stopped with {type(exc).__name__}: {message}")
                 )
             return None
         timings[f"{stage}_s"] = time.monotonic() - t
-    return None
-
-
-def _parse_quietly(argv: list[str]) -> Any:
-    from sglang.srt.server_args import prepare_server_args
-
-    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-        return prepare_server_args(argv)
-
-
-def _with_standins(argv: list[str], model: str, missing: str, out: dict[str, Any]) -> Any:
-    """SGLang's resolution and checks with stand-in configs in place of the model's.
-
-    Each stand-in (``probe_checks.STANDINS``: two architectures and shapes) runs the whole
-    pipeline; a refusal is reported only when both give the same one (no model fact
-    decided it), else it is a check that did not run. Returns the refusal or None."""
-    answers = []
-    for i in range(len(STANDINS)):
-        args = _parse_quietly(argv)
-        args.model_path = standin_dir(i)
-        if args.served_model_name is None:  # SGLang names the server after model_path
-            args.served_model_name = model
-        sub: dict[str, Any] = {"not_run": [], "timings": out["timings"]}
-        answers.append((_stages(args, sub), sub["not_run"]))
-    (first, first_not_run), (second, _) = answers
-    out["not_run"].extend(first_not_run)
-    if first is not None and second is not None and first["message"] == second["message"]:
-        return first
-    for refusal in (first, second):
-        if refusal is not None:
-            out["not_run"].append(
-                _not_run(
-                    f"SGLang's {refusal['stage']} at {refusal['where']}",
-                    f"refused under one stand-in config only ({refusal['message']}): it "
-                    "depends on the model, whose config is not here",
-                )
-            )
-            break
-    out["not_run"].append(
-        _not_run(
-            "SGLang's model-dependent resolution and checks",
-            f"needs the model config: {missing}; the model-independent checks ran with "
-            "stand-in configs",
-        )
-    )
     return None
 
 
@@ -372,17 +299,17 @@ def run(
         }
     logging.disable(logging.WARNING)
     model = str(args.model_path)
-    missing_model = _model_reachable(model)
+    missing_model = model_unreachable(model)
     if missing_model is None:
         refusal = _stages(args, out)
     else:
-        refusal = _with_standins(argv, model, missing_model, out)
+        refusal = with_standins(argv, model, missing_model, out)
     if refusal is not None:
         return {**out, "ok": False, **refusal}
     if missing_model is None and not out["not_run"]:
         out["resolved"] = _resolved(args)
     out["not_run"].append(
-        _not_run(
+        not_run_item(
             "start-up only: weights on the GPUs, KV pool size (hence max_running_requests "
             "when unset), kernel builds and CUDA-graph capture, kernel package versions",
             "needs the GPUs and the weights: only the server's start-up can check it",
