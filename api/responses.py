@@ -59,6 +59,11 @@ class PhaseModel(_Open):
     detail: str = ""
 
 
+class NotRunModel(BaseModel):
+    check: str = Field(description="what did not run (a check of SGLang's, start-up only...)")
+    reason: str = Field(description="why: what this host lacks (the model config, a GPU...)")
+
+
 class OperationModel(_Open):
     id: str
     kind: str = Field(description="apply, stop, start, restart, recover, shutdown")
@@ -80,6 +85,10 @@ class OperationModel(_Open):
         None,
         description="why a cancel is refused now (a rollback or containment has begun); "
         "null: a running operation may be cancelled",
+    )
+    not_run: list[NotRunModel] = Field(
+        default_factory=list,
+        description="checks of the validate phase that did not run here, each with why",
     )
 
 

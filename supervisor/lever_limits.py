@@ -10,6 +10,8 @@
 * Ranges SGLang 0.5.23 needs but does not check before it loads the model (``RANGES``).
 * GPU ids: with ``base_gpu_id`` / ``gpu_id_step`` every rank's GPU id must be one of the
   managed GPUs (``check_gpu_ids``, given the managed GPU count).
+* The launch's topology (``launch_topology_problems``): no port-valued lever on the
+  server's port or the daemon's API port; ``nnodes`` 1 (the daemon launches on one host).
 * The server's environment (``check_env_name``): a variable that makes the server load
   code from a path — a library, a plugin, an injection, a kernel or extension cache — is
   refused like ``LD_*``; the routine tuning families are accepted.
@@ -154,6 +156,50 @@ def launch_size_problem(argv: Sequence[str], env: Mapping[str, str]) -> str | No
             f"{MAX_LAUNCH_BYTES} are accepted"
         )
     return None
+
+
+def _port_of(name: str, value: Any) -> int | None:
+    if name == "dist_init_addr" and isinstance(value, str) and ":" in value:
+        value = value.rsplit(":", 1)[1]
+    elif not name.endswith("_port"):
+        return None
+    f = _number(value)
+    return int(f) if f is not None and f == int(f) else None
+
+
+def launch_topology_problems(
+    levers: Mapping[str, Any], *, server_port: int, api_port: int
+) -> list[tuple[str, str]]:
+    """(lever, message) for what one host's launch can never satisfy: a port-valued lever
+    (``nccl_port``, ``*_port``, ``dist_init_addr``'s port) on the server's own port or
+    the daemon's API port, and ``nnodes`` > 1 (this daemon launches on one host: a server
+    waiting for peers that never come would hold the GPUs until ``ready_timeout_s``)."""
+    out: list[tuple[str, str]] = []
+    taken = {server_port: "the server's own port (server.port)"}
+    if api_port:
+        taken.setdefault(api_port, "this daemon's API port (api.port)")
+    for name, value in levers.items():
+        port = _port_of(name, value)
+        if port is not None and port in taken:
+            out.append(
+                (
+                    name,
+                    f"{name} {value!r} uses port {port}, which is {taken[port]}: the server "
+                    f"could not bind it; choose another port for {name} or leave it unset",
+                )
+            )
+    nodes = _number(levers.get("nnodes"))
+    if nodes is not None and nodes > 1:
+        out.append(
+            (
+                "nnodes",
+                f"nnodes {levers['nnodes']!r}: this daemon launches the server on one host "
+                "only, so the other nodes would never join (the server would wait for them "
+                'until ready_timeout_s); multi-node needs [server] launcher = "slurm" '
+                "(coming) — set nnodes to 1",
+            )
+        )
+    return out
 
 
 # ---------------------------------------------------------------- the environment

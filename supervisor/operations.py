@@ -78,6 +78,8 @@ class Operation:
     dry_run: bool = False
     #: The values SGLang's own resolution picked for the requested levers (validate).
     resolved: dict[str, Any] = field(default_factory=dict)
+    #: Checks of the validate phase that did not run here: ``{"check", "reason"}`` each.
+    not_run: list[dict[str, str]] = field(default_factory=list)
     #: Set once the supervisor has counted and announced the operation's end.
     reported: bool = field(default=False, repr=False)
     created_at: str = field(default_factory=wall_iso)
@@ -135,6 +137,7 @@ class Operation:
             "state": self.state,
             "dry_run": self.dry_run,
             "resolved": self.resolved,
+            "not_run": self.not_run,
             "created_at": self.created_at,
             "ended_at": self.ended_at,
             "duration_s": None if self.duration_s is None else round(self.duration_s, 4),

@@ -134,6 +134,7 @@ def check(
     server_port: int,
     port_is_ours: bool,
     device_pool: DevicePool | None = None,
+    server_cwd: str | None = None,
 ) -> list[LeverProblem]:
     """Every reason ``levers`` cannot start on this host; empty when it can.
 
@@ -218,7 +219,8 @@ def check(
             problems.append(LeverProblem("port", msg))
     model = lv.get("model_path")
     if isinstance(model, str) and model.startswith(("/", "./", "../", "~")):
-        path = Path(model).expanduser()
+        # As the server will read it: relative to its working directory.
+        path = Path(server_cwd or ".") / Path(model).expanduser()
         if not path.exists():
             problems.append(
                 LeverProblem(

@@ -35,6 +35,8 @@ from typing import Any
 from supervisor.sglang_parser import ParserUnavailable
 
 PROBE_SOURCE = Path(__file__).with_name("resolve_probe.py")
+#: Checks the probe runs before SGLang's resolution (paths, JSON, the model's config).
+CHECKS_SOURCE = Path(__file__).with_name("probe_checks.py")
 _READY = "@@READY@@"
 _ANSWER = "@@RESOLVE@@"
 #: Warm helpers kept at once (one per environment; an env lever change makes a new one).
@@ -62,6 +64,15 @@ _CAPABILITY_BY_NAME = (
     ("A10", (8, 6)),
     ("RTX 30", (8, 6)),
 )
+
+
+def probe_source() -> str:
+    """The ``-c`` program: ``resolve_probe.py`` with ``probe_checks.py`` placed before its
+    entry point (one program: the server's interpreter cannot import this package)."""
+    probe = PROBE_SOURCE.read_text()
+    checks = CHECKS_SOURCE.read_text().replace("from __future__ import annotations\n", "")
+    head, main = probe.rsplit('\nif __name__ == "__main__":', 1)
+    return f'{head}\n{checks}\nif __name__ == "__main__":{main}'
 
 
 def capability_from_name(name: str) -> tuple[int, int] | None:
@@ -121,7 +132,8 @@ class Verdict:
     """SGLang's answer for one argv."""
 
     ok: bool
-    #: "parse" (argparse), "resolve" (a resolution hook) or "check" (check_server_args).
+    #: "parse" (argparse), "paths" (a path- or JSON-valued lever names nothing: see
+    #: ``problems``), "resolve" (a resolution hook) or "check" (check_server_args).
     stage: str | None
     #: SGLang's own message when refused.
     message: str | None
@@ -130,8 +142,10 @@ class Verdict:
     error_type: str | None
     #: Values SGLang resolved (empty when refused or when the model's config is absent).
     resolved: dict[str, Any] = field(default_factory=dict)
-    #: Checks that did not run here, each with why ("needs the model config ...").
-    not_run: tuple[str, ...] = ()
+    #: Checks that did not run here: ``{"check": what, "reason": why}`` each.
+    not_run: tuple[dict[str, str], ...] = ()
+    #: Path- and JSON-valued levers that can never be read: ``{"lever", "message"}``.
+    problems: tuple[dict[str, str], ...] = ()
     notes: tuple[str, ...] = ()
     sglang_version: str | None = None
     duration_s: float = 0.0
@@ -145,7 +159,11 @@ class Verdict:
             where=data.get("where"),
             error_type=data.get("error_type"),
             resolved=dict(data.get("resolved") or {}),
-            not_run=tuple(data.get("not_run") or ()),
+            not_run=tuple(
+                n if isinstance(n, dict) else {"check": str(n), "reason": ""}
+                for n in data.get("not_run") or ()
+            ),
+            problems=tuple(data.get("problems") or ()),
             notes=tuple(data.get("notes") or ()),
             sglang_version=data.get("sglang_version"),
             duration_s=duration_s,
@@ -174,7 +192,7 @@ class _Helper:
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the helper
         try:
             self.proc = subprocess.Popen(
-                [python, "-c", PROBE_SOURCE.read_text(), "--serve"],
+                [python, "-c", probe_source(), "--serve"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self._stderr,
@@ -217,14 +235,17 @@ class _Helper:
             if line.startswith(marker):
                 return line[len(marker) :]
 
-    def ask(self, argv: Sequence[str], timeout_s: float) -> dict[str, Any]:
+    def ask(
+        self, argv: Sequence[str], timeout_s: float, paths: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         try:
             if not self.ready:
                 self._expect(_READY, deadline)
                 self.ready = True
             assert self.proc.stdin is not None
-            self.proc.stdin.write((json.dumps({"argv": list(argv)}) + "\n").encode())
+            request = {"argv": list(argv), "paths": dict(paths or {})}
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
             answer: dict[str, Any] = json.loads(self._expect(_ANSWER, deadline))
             return answer
@@ -307,11 +328,12 @@ class Resolver:
         *,
         cwd: str | None = None,
         timeout_s: float = 120,
+        paths: Mapping[str, str] | None = None,
     ) -> Verdict:
         t0 = time.monotonic()
         helper = self._helper(python, env, cwd, gpu)
         with helper.lock:
-            data = helper.ask(argv, timeout_s)
+            data = helper.ask(argv, timeout_s, paths)
         if "error" in data:
             raise ParserUnavailable(f"{python} could not run SGLang's resolution: {data['error']}")
         return Verdict.from_probe(data, time.monotonic() - t0)
@@ -344,6 +366,7 @@ def resolve_levers(
     *,
     cwd: str | None = None,
     timeout_s: float = 120,
+    paths: Mapping[str, str] | None = None,
 ) -> Verdict:
     """SGLang's own verdict on ``argv`` as ``python -m sglang.launch_server`` would reach it.
 
@@ -353,5 +376,9 @@ def resolve_levers(
     ``attention_backend``, ``cuda_graph_max_bs``/``cuda_graph_bs``...); the planner uses
     them as its defaults where SGLang is installed. Raises ``ParserUnavailable`` when
     ``python`` cannot run SGLang at all. Blocks (seconds the first time per environment).
+    ``paths`` (``supervisor.lever_paths.path_kinds``) are the path- and JSON-valued levers
+    to check where the server runs before SGLang's resolution.
     """
-    return default_resolver().resolve(python, argv, env, gpu_facts, cwd=cwd, timeout_s=timeout_s)
+    return default_resolver().resolve(
+        python, argv, env, gpu_facts, cwd=cwd, timeout_s=timeout_s, paths=paths
+    )

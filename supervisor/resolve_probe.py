@@ -37,7 +37,10 @@ import sys
 import time
 import traceback
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # at run time these come in the same -c program (probe_source)
+    from supervisor.probe_checks import check_paths, model_unreachable, not_run_item, with_standins
 
 #: Resolved fields the supervisor shows (the full diff against the input comes too).
 KEY_FIELDS = (
@@ -197,29 +200,50 @@ def _resolved(args: Any) -> dict[str, Any]:
     return out
 
 
-def _model_reachable(model_path: str) -> str | None:
-    """None when the model's config can be read without a network, else why not."""
-    if model_path.lower() in ("none", "dummy"):
-        return None
-    if os.path.isdir(model_path):
-        if os.path.exists(os.path.join(model_path, "config.json")):
+def _stages(args: Any, out: dict[str, Any]) -> dict[str, Any] | None:
+    """SGLang's resolution, then check_server_args, on ``args``: the refusal (a dict of
+    stage, message, where, error_type) or None; what could not run goes to
+    ``out["not_run"]``."""
+    timings = out["timings"]
+    for stage, step in (("resolve", args.resolve_once), ("check", args.check_server_args)):
+        t = time.monotonic()
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                step()
+        except Exception as exc:
+            where, own = _where(exc)
+            message = str(exc) or type(exc).__name__
+            timings[f"{stage}_s"] = time.monotonic() - t
+            after = f"SGLang's {stage} from {where or 'its start'} on"
+            if isinstance(exc, (NeedsGpu, ImportError)):
+                missing = getattr(exc, "name", None)
+                why = (
+                    "needs a GPU"
+                    if isinstance(exc, NeedsGpu)
+                    else f"needs the module {missing!r} (not installed in this environment)"
+                    if missing
+                    else f"needs {exc}"
+                )
+                out["not_run"].append(not_run_item(after, f"{why}; only start-up can check it"))
+            elif isinstance(exc, _REFUSALS) and own:
+                return {
+                    "stage": stage,
+                    "message": message,
+                    "where": where,
+                    "error_type": type(exc).__name__,
+                }
+            else:
+                out["not_run"].append(
+                    not_run_item(after, f"SGLang stopped with {type(exc).__name__}: {message}")
+                )
             return None
-        return f"{model_path} has no config.json"
-    if os.path.exists(model_path):  # a single file (GGUF...): SGLang reads it itself
-        return None
-    with contextlib.suppress(Exception):
-        from huggingface_hub import try_to_load_from_cache
-
-        hit = try_to_load_from_cache(model_path, "config.json")
-        if isinstance(hit, str):
-            return None
-    return (
-        f"model_path {model_path!r} is not a local directory and its config is not in the "
-        "Hugging Face cache (the probe never downloads)"
-    )
+        timings[f"{stage}_s"] = time.monotonic() - t
+    return None
 
 
-def run(argv: list[str], gpu: dict[str, Any]) -> dict[str, Any]:
+def run(
+    argv: list[str], gpu: dict[str, Any], paths: dict[str, str] | None = None
+) -> dict[str, Any]:
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -231,6 +255,7 @@ def run(argv: list[str], gpu: dict[str, Any]) -> dict[str, Any]:
         "where": None,
         "error_type": None,
         "resolved": {},
+        "problems": [],
         "not_run": [],
         "notes": [],
         "timings": timings,
@@ -263,65 +288,40 @@ def run(argv: list[str], gpu: dict[str, Any]) -> dict[str, Any]:
             "error_type": type(exc).__name__,
         }
     timings["parse_s"] = time.monotonic() - t0 - timings["import_s"]
+    problems = check_paths(args, paths or {})
+    if problems:
+        return {
+            **out,
+            "ok": False,
+            "stage": "paths",
+            "message": problems[0]["message"],
+            "problems": problems,
+        }
     logging.disable(logging.WARNING)
-    missing_model = _model_reachable(str(args.model_path))
-    if missing_model is not None:
-        # SGLang runs its model-independent checks before it returns early for a
-        # dummy model: run those, and say the rest did not run.
-        args.model_path = "dummy"
-        out["not_run"].append(
-            f"SGLang's model-dependent resolution and checks: needs the model config "
-            f"({missing_model})"
-        )
-    for stage, step in (("resolve", args.resolve_once), ("check", args.check_server_args)):
-        t = time.monotonic()
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                step()
-        except Exception as exc:
-            where, own = _where(exc)
-            message = str(exc) or type(exc).__name__
-            if isinstance(exc, (NeedsGpu, ImportError)):
-                missing = getattr(exc, "name", None)
-                why = (
-                    "needs a GPU"
-                    if isinstance(exc, NeedsGpu)
-                    else f"needs the module {missing!r} (not installed in this environment)"
-                    if missing
-                    else f"needs {exc}"
-                )
-                out["not_run"].append(
-                    f"{stage} from {where or 'SGLang'} on: {why}; only start-up can check it"
-                )
-            elif isinstance(exc, _REFUSALS) and own:
-                return {
-                    **out,
-                    "ok": False,
-                    "stage": stage,
-                    "message": message,
-                    "where": where,
-                    "error_type": type(exc).__name__,
-                }
-            else:
-                out["not_run"].append(
-                    f"{stage} from {where or 'SGLang'} on: {type(exc).__name__}: {message}"[:600]
-                )
-            timings[f"{stage}_s"] = time.monotonic() - t
-            break
-        timings[f"{stage}_s"] = time.monotonic() - t
+    model = str(args.model_path)
+    missing_model = model_unreachable(model)
+    if missing_model is None:
+        refusal = _stages(args, out)
     else:
-        if missing_model is None:
-            out["resolved"] = _resolved(args)
+        refusal = with_standins(argv, model, missing_model, out)
+    if refusal is not None:
+        return {**out, "ok": False, **refusal}
+    if missing_model is None and not out["not_run"]:
+        out["resolved"] = _resolved(args)
     out["not_run"].append(
-        "start-up only: weights on the GPUs, KV pool size (hence max_running_requests when "
-        "unset), kernel builds and CUDA-graph capture, kernel package versions"
+        not_run_item(
+            "start-up only: weights on the GPUs, KV pool size (hence max_running_requests "
+            "when unset), kernel builds and CUDA-graph capture, kernel package versions",
+            "needs the GPUs and the weights: only the server's start-up can check it",
+        )
     )
     return out
 
 
 def _answer(request: dict[str, Any]) -> dict[str, Any]:
     try:
-        return run([str(a) for a in request["argv"]], request["gpu"])
+        paths = request.get("paths") or {}
+        return run([str(a) for a in request["argv"]], request["gpu"], dict(paths))
     except Exception as exc:  # SGLang or torch failing at import: not a verdict
         return {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
 

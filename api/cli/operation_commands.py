@@ -53,6 +53,8 @@ def cmd_apply(args: argparse.Namespace, client: Client) -> int:
             for phase in op.get("phases") or []:
                 out(phase_line(phase, 0.0))
             out("would change: " + (", ".join(changes) if changes else "nothing"))
+            for item in op.get("not_run") or []:
+                out(f"not checked here: {item.get('check')}: {item.get('reason')}")
             return outcome_exit(op.get("state"))
         return follow_operation(args, client, follower, op, changes)
 

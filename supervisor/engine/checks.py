@@ -18,6 +18,8 @@ from supervisor import preflight as host_preflight
 from supervisor.engine.errors import Busy
 from supervisor.engine.server import flags, members_now, server_env
 from supervisor.gpu import FOREIGN_ADVICE, GpuQueryError, GpuSample, foreign_holders
+from supervisor.lever_limits import launch_topology_problems
+from supervisor.lever_paths import path_kinds
 from supervisor.levers import (
     LeverError,
     LeverProblem,
@@ -51,10 +53,11 @@ S = ServerState
 
 async def before_the_stop(
     sup: Supervisor, requested: LeverSet
-) -> tuple[LeverSet, list[tuple[PhaseName, str, float]], dict[str, Any]]:
+) -> tuple[LeverSet, list[tuple[PhaseName, str, float]], dict[str, Any], list[dict[str, str]]]:
     """Validate, then preflight ``requested``: the canonical set; per phase that passed,
     what it checked and how long it took; and the values SGLang's own resolution picked
-    (empty when it could not run). Raises ``LeverError`` naming every problem (nothing
+    (empty when it could not run); and the checks that did not run
+    (``[{"check", "reason"}]``). Raises ``LeverError`` naming every problem (nothing
     was touched)."""
     t0 = time.monotonic()
     checked, validate_detail, verdict = await validate_with_sglang(sup, requested)
@@ -67,7 +70,28 @@ async def before_the_stop(
         (PhaseName.VALIDATE, validate_detail, t_validate),
         (PhaseName.PREFLIGHT, "GPUs, host RAM, port, model path", t_preflight),
     ]
-    return checked, passed, ({} if verdict is None else verdict.resolved)
+    resolved = {} if verdict is None else dict(verdict.resolved)
+    return checked, passed, resolved, not_run_of(sup, verdict)
+
+
+def not_run_of(sup: Supervisor, verdict: Verdict | None) -> list[dict[str, str]]:
+    """The validate phase's checks that did not run, each with why (structured)."""
+    if verdict is not None:
+        return [dict(n) for n in verdict.not_run]
+    if not sup.schema_live:
+        return [
+            {
+                "check": "SGLang's own parser, resolution and check_server_args",
+                "reason": f"{sup.settings.server.python} cannot run SGLang here "
+                f"({sup.schema_warning or 'no SGLang'}); only the schema was checked",
+            }
+        ]
+    return [
+        {
+            "check": "SGLang's resolution and check_server_args",
+            "reason": "the managed GPUs' compute capability is unknown; only SGLang's parser ran",
+        }
+    ]
 
 
 def backing_off(sup: Supervisor) -> bool:
@@ -153,6 +177,11 @@ async def validate_with_sglang(
     sharding = await asyncio.to_thread(model_dir_sharding_problems, checked.levers)
     if sharding:
         raise LeverError([LeverProblem(lever, msg) for lever, msg in sharding])
+    collisions = launch_topology_problems(
+        checked.levers, server_port=sup.settings.server.port, api_port=sup.settings.api.port
+    )
+    if collisions:
+        raise LeverError([LeverProblem(lever, msg) for lever, msg in collisions])
     detail = f"schema of SGLang {sup.schema.sglang_version}: {(time.monotonic() - t0) * 1e3:.1f} ms"
     if not sup.schema_live:
         return checked, detail + "; SGLang's own parser and resolution not available", None
@@ -167,10 +196,18 @@ async def validate_with_sglang(
             server_env(sup, checked),
             facts,
             cwd=sup.settings.server.cwd,
+            paths=path_kinds(sup.schema),
         )
     except ParserUnavailable as exc:
         problem = LeverProblem("levers", f"cannot run SGLang's resolution: {exc}")
         raise LeverError([problem]) from exc
+    if verdict.problems:
+        raise LeverError(
+            [
+                LeverProblem(p["lever"], p["message"] + " (checked where the server runs)")
+                for p in verdict.problems
+            ]
+        )
     if not verdict.ok:
         raise LeverError([_refusal(sup, checked, verdict)])
     return checked, detail + "; " + describe_verdict(verdict), verdict
@@ -217,7 +254,10 @@ def describe_verdict(verdict: Verdict) -> str:
     if verdict.resolved.get("max_running_requests") is None and verdict.resolved:
         text += ", max_running_requests decided at start-up from the KV pool"
     if verdict.not_run:
-        text += "; not run: " + "; ".join(verdict.not_run)
+        text += "; not run: " + "; ".join(
+            f"{n['check']} ({n['reason']})" if n.get("reason") else n["check"]
+            for n in verdict.not_run
+        )
     return text
 
 
@@ -286,6 +326,7 @@ async def preflight(sup: Supervisor, levers: LeverSet) -> list[LeverProblem]:
         server_port=sup.settings.server.port,
         port_is_ours=running,
         device_pool=pool,
+        server_cwd=sup.settings.server.cwd,
     )
 
 

@@ -341,7 +341,8 @@ class Supervisor:
         if not dry_run:
             checks.refuse_if_busy(self)
         requested = self.requested_levers(levers, env, replace=replace)
-        checked, passed, resolved = await checks.before_the_stop(self, requested)  # LeverError
+        # LeverError when SGLang (or a host check) refuses: nothing is touched.
+        checked, passed, resolved, not_run = await checks.before_the_stop(self, requested)
         unchanged = not force_restart and checks.serving_unchanged(self, checked)
         if not unchanged and not without_router:
             await checks.router_answers(self)  # LeverError
@@ -351,6 +352,7 @@ class Supervisor:
         else:
             self._preempt_backoff()
             op = self._begin(OpKind.APPLY, checked)  # Busy if another started meanwhile
+        op.not_run = not_run
         op.resolved = resolved
         for name, detail, took in passed:
             ph = op.phase(name)

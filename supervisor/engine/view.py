@@ -130,6 +130,8 @@ class SupervisorView:
                 **{k: last[k] for k in ("id", "kind", "state", "error", "ended_at")},
                 # What SGLang's resolution made of that operation's levers (validate).
                 "resolved": last.get("resolved") or {},
+                # The validate phase's checks that did not run, each with why.
+                "not_run": last.get("not_run") or [],
             },
             "restarts": self.restarts,
             "restarts_by_reason": dict(self.restarts_by_reason),

@@ -113,23 +113,24 @@ BAD: list[Bad] = [
         "Detokenizer worker num",
         "detokenizer_worker_num",
     ),
+    # Existing files: a path that names nothing is refused before SGLang (lever_paths).
     Bad(
         "ssl_key_without_cert",
-        {**L8, "ssl_keyfile": "/etc/ssl/private/k.pem"},
+        {**L8, "ssl_keyfile": "/etc/passwd"},
         AG + "serving_hook.py:51 in handle_ssl_validation",
         "requires --ssl-certfile",
         "ssl_keyfile",
     ),
     Bad(
         "ssl_cert_without_key",
-        {**L8, "ssl_certfile": "/etc/ssl/c.pem"},
+        {**L8, "ssl_certfile": "/etc/passwd"},
         AG + "serving_hook.py:55 in handle_ssl_validation",
         "requires --ssl-keyfile",
         "ssl_certfile",
     ),
     Bad(
         "ssl_ca_without_cert",
-        {**L8, "ssl_ca_certs": "/etc/ssl/ca.pem"},
+        {**L8, "ssl_ca_certs": "/etc/passwd"},
         AG + "serving_hook.py:60 in handle_ssl_validation",
         "has no effect",
         "ssl_ca_certs",

@@ -76,7 +76,7 @@ def test_good_production_set_is_accepted_with_what_sglang_resolved(
     for name, expected in case.resolved.items():
         assert v.resolved.get(name) == expected, (name, v.resolved)
     # Only start-up's own facts are reported as not run.
-    assert [n for n in v.not_run if not n.startswith("start-up only")] == []
+    assert [n for n in v.not_run if not n["check"].startswith("start-up only")] == []
 
 
 def test_hardware_facts_come_from_the_managed_gpus(resolver: Resolver) -> None:
@@ -96,8 +96,11 @@ def test_a_model_that_is_not_local_says_what_did_not_run(resolver: Resolver) -> 
     hub = {"model_path": "meta-llama/Llama-3.1-8B-Instruct", "tp_size": 8}
     v = resolve(resolver, hub)
     assert v.ok and v.resolved == {}
-    assert any("needs the model config" in n and "never downloads" in n for n in v.not_run)
-    # The model-independent checks still ran (before SGLang's dummy-model return).
+    assert any(
+        "needs the model config" in n["reason"] and "never downloads" in n["reason"]
+        for n in v.not_run
+    )
+    # The model-independent checks still ran (with stand-in configs).
     bad = {**hub, "enable_hierarchical_cache": True, "hicache_host_memory_fraction": 1.5}
     v = resolve(resolver, bad)
     assert not v.ok and "hicache_hook.py:117" in (v.where or "")
@@ -172,7 +175,7 @@ def test_what_this_host_lacks_is_not_run_never_a_refusal(
     env = {**ENV, "PYTHONPATH": str(tmp_path)}
     v = resolve(resolver, {"model_path": LLAMA_8B}, env=env)
     assert v.ok and v.resolved == {}
-    assert any("needs the module 'sgs_kernel_not_installed'" in n for n in v.not_run), v
+    assert any("needs the module 'sgs_kernel_not_installed'" in n["reason"] for n in v.not_run), v
 
 
 # ---------------------------------------------------------------- through the daemon

@@ -67,6 +67,8 @@ def apply_through_the_form(p: Page, levers: str, env: str = "") -> None:
     assert p.js(
         "!!document.getElementById('resolved') || !!document.getElementById('resolved-none')"
     )
+    # And the checks that did not run (never an empty "checked"): one row per not_run.
+    assert p.js("document.querySelectorAll('#not-run tr').length") > 0, result
     p.click("#confirm")
 
 

@@ -1,0 +1,297 @@
+"""Checks of path- and JSON-valued levers and of the model's config, run *inside the
+server's interpreter* as part of SGLang's resolution probe.
+
+``supervisor.resolution`` sends this source ahead of ``resolve_probe.py`` (one ``-c``
+program), so it imports nothing but the standard library (and, lazily, SGLang and
+huggingface_hub, which the server's environment has). Relative paths resolve against the
+server's working directory and ``HF_HOME``/``HUGGINGFACE_HUB_CACHE`` are the server's:
+what is checked is what the server will find. Which levers and kinds: see
+``supervisor/lever_paths.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # at run time: the same -c program (resolution.probe_source)
+    from supervisor.resolve_probe import _stages
+
+#: A Hugging Face repo id (huggingface_hub's validate_repo_id: ``name`` or
+#: ``namespace/name``, letters, digits, ``-_.``; never ``..`` nor a leading ``-``/``.``).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$")
+
+
+def is_hub_id(value: str) -> bool:
+    """Whether ``value`` would be read as a Hugging Face id rather than a local path."""
+    if value.startswith(("/", "./", "../", "~")) or os.path.exists(value):
+        return False
+    return bool(_HUB_ID.match(value)) and ".." not in value
+
+
+def hub_cache_dir() -> str:
+    """The hub cache the server uses (huggingface_hub's constants, from its env)."""
+    with contextlib.suppress(Exception):
+        from huggingface_hub import constants
+
+        return str(constants.HF_HUB_CACHE)
+    home = os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface"))
+    return os.environ.get("HUGGINGFACE_HUB_CACHE", os.path.join(home, "hub"))
+
+
+def cached_config(repo_id: str) -> str | None:
+    """The path of ``repo_id``'s config.json in the local hub cache, or None (never
+    downloads)."""
+    with contextlib.suppress(Exception):
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(repo_id, "config.json")
+        if isinstance(hit, str):
+            return hit
+    return None
+
+
+def _rel(value: str) -> str:
+    if os.path.isabs(os.path.expanduser(value)):
+        return ""
+    return f" (relative to the server's working directory {os.getcwd()})"
+
+
+#: What a directory of a kind must hold, and how a refusal says it lacks it.
+_MARKERS = {
+    "model": ("config.json", "a config.json: not a model"),
+    "lora": ("adapter_config.json", "an adapter_config.json: not a LoRA adapter"),
+}
+
+
+def _local(lever: str, value: str, kind: str) -> str | None:
+    """Why ``value`` of ``lever`` cannot be read as a local path of ``kind``, or None."""
+    path = os.path.expanduser(value)
+    if not os.path.exists(path):
+        return f"{lever} {value!r} does not exist{_rel(value)}"
+    if kind == "file" and not os.path.isfile(path):
+        return f"{lever} {value!r} is not a file{_rel(value)}"
+    if kind == "dir" and not os.path.isdir(path):
+        return f"{lever} {value!r} is not a directory{_rel(value)}"
+    marker, lacks = _MARKERS.get(kind, ("", ""))
+    if marker and os.path.isdir(path) and not os.path.isfile(os.path.join(path, marker)):
+        return f"{lever} {value!r} is a directory without {lacks}"
+    if not os.access(path, os.R_OK):
+        return f"{lever} {value!r} is not readable by the server's user"
+    return None
+
+
+def _json(lever: str, value: str) -> str | None:
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        return f"{lever} is not valid JSON ({exc}): {value[:80]!r}"
+    if not isinstance(parsed, dict):
+        return f"{lever} must be a JSON object, not {type(parsed).__name__}: {value[:80]!r}"
+    return None
+
+
+def _template_known(value: str, kind: str) -> bool | None:
+    """Whether SGLang has ``value`` built in (None: its template registry cannot be
+    imported in this environment)."""
+    try:
+        if kind == "completion_template":
+            from sglang.srt.parser.code_completion_parser import completion_template_exists
+
+            return bool(completion_template_exists(value))
+        from sglang.srt.parser.conversation import chat_template_exists
+
+        if chat_template_exists(value):
+            return True
+        from sglang.srt.parser.python_chat_template import get_python_chat_template
+
+        return get_python_chat_template(value) is not None
+    except Exception:
+        return None
+
+
+def _template(lever: str, value: str, kind: str) -> str | None:
+    # SGLang: a built-in name first, then a Python template (chat only), then a file
+    # (sglang/srt/parser/template_manager.py:234-247 and :275-280).
+    if os.path.exists(os.path.expanduser(value)):
+        return None
+    known = _template_known(value, kind)
+    if known is None:
+        # Without SGLang's registry only a value that can be nothing but a path is judged.
+        pathlike = os.sep in value or value.endswith((".jinja", ".json", ".py"))
+        known = not pathlike
+    if known:
+        return None
+    return (
+        f"{lever} {value!r} is neither a template SGLang has built in nor an existing "
+        f"file{_rel(value)}"
+    )
+
+
+def _lora_items(value: Any) -> list[str]:
+    """The adapter paths of ``--lora-paths`` as SGLang parsed it (lora_hook.py:76-128)."""
+    items = value.values() if isinstance(value, dict) else value or []
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, dict):
+            out.append(str(item.get("lora_path", "")))
+        elif isinstance(item, str):
+            out.append(item.split("=", 1)[1] if "=" in item else item)
+    return out
+
+
+def check_value(lever: str, kind: str, value: Any) -> list[str]:
+    """Why ``value`` of ``lever`` (a ``kind`` of lever_paths) can never be read."""
+    if value is None or value == "" or value == []:
+        return []
+    if kind == "lora":
+        return [m for p in _lora_items(value) for m in check_value(lever, "lora_path", p)]
+    text = str(value)
+    if kind in ("json", "json_or_file", "json_or_at_file"):
+        if kind == "json_or_at_file" and text.startswith("@"):
+            problem = _local(lever, text[1:], "file")
+        elif kind == "json" or text.lstrip().startswith("{"):
+            problem = _json(lever, text)
+        else:
+            problem = _local(lever, text, "file")
+        return [problem] if problem else []
+    if kind in ("chat_template", "completion_template"):
+        problem = _template(lever, text, kind)
+        return [problem] if problem else []
+    if "://" in text:
+        return []  # a remote URI (s3://, gs://...): SGLang's loaders read it
+    if kind in ("model", "local_or_hub", "lora_path") and is_hub_id(text):
+        return []  # a Hugging Face id: not a path (the model's config: see model_config)
+    problem = _local(lever, text, "lora" if kind == "lora_path" else kind)
+    return [problem] if problem else []
+
+
+def check_paths(args: Any, kinds: dict[str, str]) -> list[dict[str, str]]:
+    """``[{lever, message}]`` for each path- or JSON-valued lever of the parsed ``args``
+    that can never be read where the server runs."""
+    out: list[dict[str, str]] = []
+    for lever, kind in sorted(kinds.items()):
+        for message in check_value(lever, kind, getattr(args, lever, None)):
+            out.append({"lever": lever, "message": message + f"; fix {lever}"})
+    return out
+
+
+#: Stand-in model configs for a hub id whose config is not cached: two different
+#: architectures and shapes. A refusal is SGLang's verdict on the levers only when it is
+#: the same under both (then no model fact could have decided it).
+STANDINS: tuple[dict[str, Any], ...] = (
+    {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "head_dim": 64,
+        "num_hidden_layers": 32,
+        "max_position_embeddings": 131072,
+        "vocab_size": 128256,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0,
+        "torch_dtype": "bfloat16",
+        "hidden_act": "silu",
+    },
+    {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 28,
+        "max_position_embeddings": 32768,
+        "vocab_size": 152064,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "torch_dtype": "bfloat16",
+        "hidden_act": "silu",
+    },
+)
+
+
+def standin_dir(index: int) -> str:
+    """A directory holding stand-in config ``index`` (made once per process)."""
+    path = os.path.join(tempfile.gettempdir(), f"sglang-supervisor-standin-{os.getpid()}-{index}")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(STANDINS[index], f)
+    return path
+
+
+def model_unreachable(model_path: str) -> str | None:
+    """None when the model's config can be read without a network, else why not."""
+    if model_path.lower() in ("none", "dummy"):
+        return None
+    if os.path.isdir(model_path):
+        if os.path.exists(os.path.join(model_path, "config.json")):
+            return None
+        return f"{model_path} has no config.json"
+    if os.path.exists(model_path):  # a single file (GGUF...): SGLang reads it itself
+        return None
+    if cached_config(model_path) is not None:
+        return None
+    return (
+        f"model_path {model_path!r} is a Hugging Face id whose config is not in the local "
+        f"hub cache ({hub_cache_dir()}; the probe never downloads)"
+    )
+
+
+def not_run_item(check: str, reason: str) -> dict[str, str]:
+    """One entry of the verdict's ``not_run``: what did not run, and why."""
+    return {"check": check, "reason": reason[:600]}
+
+
+def _parse_quietly(argv: list[str]) -> Any:
+    """SGLang's ``prepare_server_args`` (a fresh record: resolution mutates it)."""
+    from sglang.srt.server_args import prepare_server_args
+
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        return prepare_server_args(argv)
+
+
+def with_standins(argv: list[str], model: str, missing: str, out: dict[str, Any]) -> Any:
+    """SGLang's resolution and checks with stand-in configs in place of the model's.
+
+    Each stand-in (``probe_checks.STANDINS``: two architectures and shapes) runs the whole
+    pipeline; a refusal is reported only when both give the same one (no model fact
+    decided it), else it is a check that did not run. Returns the refusal or None."""
+    answers = []
+    for i in range(len(STANDINS)):
+        args = _parse_quietly(argv)
+        args.model_path = standin_dir(i)
+        if args.served_model_name is None:  # SGLang names the server after model_path
+            args.served_model_name = model
+        sub: dict[str, Any] = {"not_run": [], "timings": out["timings"]}
+        answers.append((_stages(args, sub), sub["not_run"]))
+    (first, first_not_run), (second, _) = answers
+    out["not_run"].extend(first_not_run)
+    if first is not None and second is not None and first["message"] == second["message"]:
+        return first
+    for refusal in (first, second):
+        if refusal is not None:
+            out["not_run"].append(
+                not_run_item(
+                    f"SGLang's {refusal['stage']} at {refusal['where']}",
+                    f"refused under one stand-in config only ({refusal['message']}): it "
+                    "depends on the model, whose config is not here",
+                )
+            )
+            break
+    out["not_run"].append(
+        not_run_item(
+            "SGLang's model-dependent resolution and checks",
+            f"needs the model config: {missing}; the model-independent checks ran with "
+            "stand-in configs",
+        )
+    )
+    return None
