@@ -239,6 +239,11 @@ def kill_tagged(prefix: str) -> list[int]:
 # --- the simulated server -----------------------------------------------------------------
 
 
+#: How long the simulated ``/health_generate`` takes in the benchmarks (the daemons'
+#: default in ``tests.helpers.Daemon``): bare servers get the same, so the comparison is fair.
+SIM_HEALTH_S = 0.05
+
+
 @dataclass
 class SimHost:
     """A simulated-GPU registry of its own, and the probe over it."""
@@ -262,6 +267,10 @@ class SimHost:
                 "SGLANG_SIM_GPU_DIR": str(self.registry),
                 "SGLANG_SIM_GPU_MEMORY_MIB": str(SIM_MEMORY_MIB),
                 "SGLANG_SIM_STARTUP_S": str(startup_s),
+                # As the daemons' simulated servers (tests.helpers.Daemon): the simulated
+                # /health_generate otherwise takes SGLang's ~1 s, longer than the probes'
+                # timeouts here, and a bare server never read as ready.
+                "SGLANG_SIM_HEALTH_S": str(SIM_HEALTH_S),
                 "SGLANG_SIM_FAULTS": faults,
                 "CUDA_VISIBLE_DEVICES": ",".join(sim_gpu_uuid(i) for i in range(self.gpus)),
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
