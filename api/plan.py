@@ -123,8 +123,8 @@ def sglang_oracle(sup: Supervisor) -> tuple[Validator | None, Resolver | None]:
     resolved ``mem_fraction_static``); (None, None) where SGLang is not installed or the
     GPUs are unknown: the planner's formulas are the fallback. Each lever set is asked
     once per plan."""
-    if not sup.schema_live:
-        return None, None
+    if not sup.schema_live or not sup.sglang.resolution_runs:
+        return None, None  # make_plan says why (sglang_notes)
     facts = gpu_facts(sup)
     if facts is None:
         return None, None
@@ -227,6 +227,26 @@ def _avg_tokens(
     return planner.DEFAULT_AVG_TOKENS, "assumed (no live load; pass avg_tokens)"
 
 
+def sglang_notes(view: SupervisorView, *, asked: bool) -> list[str]:
+    """What the plan owes to which SGLang: never silently the planner's own rule."""
+    info = view.sglang or {}
+    notes = []
+    if not asked:
+        why = info.get("reason") or "SGLang's resolution is not available"
+        notes.append(
+            f"SGLang's own resolution was not asked ({why}): the planner's own rule "
+            f"(SGLang {info.get('knowledge_from')}'s formulas) decided the defaults and "
+            "nothing was checked against SGLang"
+        )
+    elif info.get("version") and info.get("version") != info.get("knowledge_from"):
+        notes.append(
+            f"SGLang {info.get('version')} answered (its resolution checked every "
+            f"candidate), but the planner's formulas are SGLang {info.get('knowledge_from')}'s"
+            " own knowledge: capacity figures may not match this version"
+        )
+    return notes
+
+
 async def make_plan(
     body: PlanRequest,
     view: SupervisorView,
@@ -271,6 +291,8 @@ async def make_plan(
             f"SGLang {view.schema.sglang_version} has no {', '.join(unknown)}; left out of "
             "the proposal"
         )
+    out["sglang"] = None if view.sglang is None else dict(view.sglang)
+    out["notes"].extend(sglang_notes(view, asked=validate is not None))
     out["apply"] = {
         "method": "POST",
         "path": "/levers?wait=true",

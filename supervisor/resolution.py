@@ -179,6 +179,15 @@ class Verdict:
         }
 
 
+class ResolutionUnavailable(ParserUnavailable):
+    """The SGLang in the interpreter lacks what its resolution needs (an entry point
+    renamed by another version): only its parser and checks can answer."""
+
+    def __init__(self, message: str, missing: Sequence[str]) -> None:
+        super().__init__(message)
+        self.missing = tuple(missing)
+
+
 class _Helper:
     """One warm ``resolve_probe.py --serve`` process."""
 
@@ -189,6 +198,8 @@ class _Helper:
         self.base = (python, cwd, json.dumps(gpu.to_json(), sort_keys=True))
         #: Variables read while the helper imported (from its READY line; None before).
         self.import_env_reads: frozenset[str] | None = None
+        #: Which SGLang it imported: version, path, entry points it lacks (READY line).
+        self.sglang: dict[str, Any] | None = None
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the helper
         try:
             self.proc = subprocess.Popen(
@@ -239,9 +250,29 @@ class _Helper:
         if self.ready:
             return
         hello = self._expect(_READY, deadline)
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            self.import_env_reads = frozenset(json.loads(hello)["import_env_reads"])
+        with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
+            said = json.loads(hello)
+            self.sglang = said.get("sglang")
+            self.import_env_reads = frozenset(said["import_env_reads"])
         self.ready = True
+
+    def which_sglang(self, timeout_s: float) -> dict[str, Any]:
+        """The READY line's ``sglang``: waits for the helper's imports. Raises
+        ``ParserUnavailable`` when it died or did not answer in time."""
+        try:
+            self._wait_ready(time.monotonic() + timeout_s)
+        except TimeoutError as exc:
+            self.close()
+            raise ParserUnavailable(
+                f"{self.python} did not import SGLang within {timeout_s:.0f}s"
+            ) from exc
+        except EOFError as exc:
+            self.close()
+            raise ParserUnavailable(
+                f"{self.python} could not import SGLang (exit {self.proc.poll()}): "
+                f"{self.stderr_tail()}"
+            ) from exc
+        return dict(self.sglang or {})
 
     def takes(self, env: Mapping[str, str], timeout_s: float) -> bool:
         """Whether a fork of this helper may answer for ``env`` (``FORK_ENV_PREFIXES``).
@@ -377,16 +408,41 @@ class Resolver:
         if helper is None:
             helper = self._helper(python, env, cwd, gpu)
         with helper.lock:
+            missing = helper.which_sglang(timeout_s).get("missing") or []
+            if missing:
+                raise ResolutionUnavailable(_missing_message(python, missing), missing)
             data = helper.ask(argv, timeout_s, env)
         if "error" in data:
             raise ParserUnavailable(f"{python} could not run SGLang's resolution: {data['error']}")
         return Verdict.from_probe(data, time.monotonic() - t0)
+
+    def which_sglang(
+        self,
+        python: str,
+        env: Mapping[str, str],
+        gpu: GpuFacts,
+        cwd: str | None = None,
+        timeout_s: float = 120,
+    ) -> dict[str, Any]:
+        """Which SGLang the helper for this environment imported: ``version``, ``path``
+        and the ``missing`` entry points (``resolve_probe.ENTRY_POINTS``). Blocks until
+        it has imported SGLang (seconds). Raises ``ParserUnavailable``."""
+        helper = self._helper(python, env, cwd, gpu)
+        with helper.lock:
+            return helper.which_sglang(timeout_s)
 
     def close(self) -> None:
         with self._lock:
             for helper in self._helpers.values():
                 helper.close()
             self._helpers.clear()
+
+
+def _missing_message(python: str, missing: Sequence[str]) -> str:
+    return (
+        f"the SGLang in {python} has no {', '.join(missing)} (renamed in another version?): "
+        "its own resolution cannot run"
+    )
 
 
 _default: Resolver | None = None

@@ -395,11 +395,11 @@ def _recording_env_reads() -> Any:
     try:
         yield reads
     finally:
-        for name, fn in originals.items():
-            if fn is None:
+        for name, original in originals.items():
+            if original is None:
                 delattr(cls, name)
             else:
-                setattr(cls, name, fn)
+                setattr(cls, name, original)
         scanners.clear()
 
 
@@ -415,6 +415,48 @@ def _apply_env(env: dict[str, str]) -> None:
         environ._handle_deprecated_envs()
 
 
+#: What ``run`` calls in SGLang, by the name it has in 0.5.23.
+ENTRY_POINTS = (
+    "sglang.srt.plugins.load_plugins",
+    "sglang.srt.server_args.prepare_server_args",
+    "sglang.srt.server_args.ServerArgs.resolve_once",
+    "sglang.srt.server_args.ServerArgs.check_server_args",
+)
+
+
+def _which_sglang() -> dict[str, Any]:
+    """The SGLang that answers: its version, where it is, and which of ``ENTRY_POINTS``
+    it lacks (another SGLang may have renamed them: then its resolution cannot run)."""
+    import importlib
+
+    out: dict[str, Any] = {"version": None, "path": None, "missing": []}
+    try:
+        import sglang
+
+        out["version"] = getattr(sglang, "__version__", None)
+        out["path"] = os.path.dirname(getattr(sglang, "__file__", None) or "") or None
+    except Exception as exc:
+        out["missing"].append(f"sglang ({type(exc).__name__}: {exc})"[:300])
+        return out
+    for dotted in ENTRY_POINTS:
+        module, _, rest = dotted.partition(".srt.")
+        parts = ("srt." + rest).split(".")
+        obj: Any = None
+        for i in range(len(parts), 0, -1):  # the longest importable module prefix
+            try:
+                obj = importlib.import_module(".".join([module, *parts[:i]]))
+            except ImportError:
+                continue
+            except Exception:
+                break
+            for attr in parts[i:]:
+                obj = getattr(obj, attr, None)
+            break
+        if obj is None:
+            out["missing"].append(dotted)
+    return out
+
+
 def serve() -> int:
     """Answer one request per stdin line, each in a fork of this warm process.
 
@@ -428,7 +470,8 @@ def serve() -> int:
     hello = json.loads(sys.stdin.readline())
     with _recording_env_reads() as reads:
         _prewarm(hello["gpu"])
-    sys.stdout.write("@@READY@@" + json.dumps({"import_env_reads": sorted(reads)}) + "\n")
+    ready = {"import_env_reads": sorted(reads), "sglang": _which_sglang()}
+    sys.stdout.write("@@READY@@" + json.dumps(ready) + "\n")
     sys.stdout.flush()
     for line in sys.stdin:
         request = json.loads(line)

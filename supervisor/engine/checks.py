@@ -11,12 +11,14 @@ import os
 import shutil
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from supervisor import preflight as host_preflight
 from supervisor.engine.errors import Busy
 from supervisor.engine.server import flags, members_now, server_env
+from supervisor.engine.sglang_info import CHECKING, after_helper
 from supervisor.gpu import GpuQueryError, GpuSample
 from supervisor.levers import (
     LeverError,
@@ -27,7 +29,13 @@ from supervisor.levers import (
 )
 from supervisor.operations import FAILED, Operation
 from supervisor.phases import OpKind, PhaseName
-from supervisor.resolution import GpuFacts, Verdict, default_resolver, resolve_levers
+from supervisor.resolution import (
+    GpuFacts,
+    ResolutionUnavailable,
+    Verdict,
+    default_resolver,
+    resolve_levers,
+)
 from supervisor.sglang_parser import (
     ParserUnavailable,
     check_argv,
@@ -115,6 +123,43 @@ async def warm_resolution(sup: Supervisor) -> None:
         log.warning("SGLang's resolution helper did not start: %s", exc)
 
 
+async def check_sglang(sup: Supervisor) -> None:
+    """Ask the resolution helper which SGLang it imported (seconds: the import) and
+    whether it has the entry points the resolution needs; /status's ``sglang`` and its
+    warnings say so. Never raises: a failure is a degraded validation, said."""
+    facts = gpu_facts(sup)
+    if sup.sglang.validation != CHECKING or facts is None:
+        return
+    env = server_env(sup, sup.levers)
+    try:
+        said = await asyncio.to_thread(
+            default_resolver().which_sglang,
+            sup.settings.server.python,
+            env,
+            facts,
+            sup.settings.server.cwd,
+        )
+    except ParserUnavailable as exc:
+        sup.sglang = sup.sglang.degraded(f"SGLang's resolution helper failed: {exc}")
+    else:
+        sup.sglang = after_helper(sup.sglang, said)
+    if sup.sglang.reason is not None:
+        log.warning("%s", sup.sglang.reason)
+        sup.warn(sup.sglang.reason)
+
+
+async def _degraded(
+    sup: Supervisor, checked: LeverSet, detail: str
+) -> tuple[LeverSet, str, Verdict | None]:
+    """Stage (b) when SGLang's resolution cannot run (``sup.sglang`` says why): its
+    parser and checks where it has them, else the schema alone — said in the detail."""
+    info = sup.sglang
+    why = f"validation degraded: {info.reason}"
+    if any(m.endswith(".prepare_server_args") for m in info.missing):
+        return checked, f"{detail}; {why}", None
+    return await _parse_only(sup, checked, detail, why)
+
+
 async def validate_with_sglang(
     sup: Supervisor, requested: LeverSet
 ) -> tuple[LeverSet, str, Verdict | None]:
@@ -139,6 +184,8 @@ async def validate_with_sglang(
     facts = gpu_facts(sup)
     if facts is None:
         return await _parse_only(sup, checked, detail)
+    if not sup.sglang.resolution_runs:
+        return await _degraded(sup, checked, detail)
     try:
         verdict = await asyncio.to_thread(
             resolve_levers,
@@ -148,6 +195,11 @@ async def validate_with_sglang(
             facts,
             cwd=sup.settings.server.cwd,
         )
+    except ResolutionUnavailable as exc:
+        sup.sglang = sup.sglang.degraded(str(exc))
+        sup.sglang = replace(sup.sglang, missing=exc.missing)
+        sup.warn(f"validation degraded: {exc}")
+        return await _degraded(sup, checked, detail)
     except ParserUnavailable as exc:
         problem = LeverProblem("levers", f"cannot run SGLang's resolution: {exc}")
         raise LeverError([problem]) from exc
@@ -202,7 +254,10 @@ def describe_verdict(verdict: Verdict) -> str:
 
 
 async def _parse_only(
-    sup: Supervisor, checked: LeverSet, detail: str
+    sup: Supervisor,
+    checked: LeverSet,
+    detail: str,
+    why: str = "the managed GPUs' compute capability is unknown",
 ) -> tuple[LeverSet, str, Verdict | None]:
     """Stage (b) without resolution, when the managed GPUs' facts are unknown."""
     try:
@@ -221,7 +276,7 @@ async def _parse_only(
     return (
         checked,
         detail + f"; SGLang's parser: {verdict.duration_s:.2f} s; not run: SGLang's "
-        "resolution (the managed GPUs' compute capability is unknown)",
+        f"resolution ({why})",
         None,
     )
 

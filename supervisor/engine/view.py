@@ -102,6 +102,10 @@ class SupervisorView:
     #: The last drain before a stop: seconds, and requests left at its end.
     last_drain_s: float | None = None
     last_drain_left: float | None = None
+    #: What start-up is still loading (None: done).
+    loading: str | None = None
+    #: Which SGLang answers validation (``SglangInfo.to_json``).
+    sglang: Mapping[str, Any] | None = None
 
     @property
     def gpu_indices(self) -> list[int]:
@@ -133,6 +137,8 @@ class SupervisorView:
             "restarts_by_reason": dict(self.restarts_by_reason),
             "throughput": self.throughput.to_json(),
             "schema": {"sglang_version": self.schema.sglang_version, "source": self.schema.source},
+            "loading": self.loading,
+            "sglang": None if self.sglang is None else dict(self.sglang),
             "warnings": list(self.warnings),
             "router": None if self.router is None else dict(self.router),
             "last_drain": None
@@ -193,6 +199,8 @@ def snapshot(sup: Supervisor) -> SupervisorView:
         ),
         last_drain_s=sup.last_drain_s,
         last_drain_left=sup.last_drain_left,
+        loading=sup.loading,
+        sglang=frozen_map(sup.sglang.to_json()),
     )
 
 
