@@ -149,8 +149,12 @@ class Context:
     work: Path
     #: Launch-tag prefixes of everything started; ``cleanup`` ends what is left of them.
     tags: set[str] = field(default_factory=set)
+    #: One repetition of everything (``--smoke``, scripts/test.sh): that it runs, no figure.
+    smoke: bool = False
 
     def reps(self, full: int, quick: int) -> int:
+        if self.smoke:
+            return 1
         return quick if self.quick else full
 
     def new_tag(self, what: str) -> str:
