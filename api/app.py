@@ -14,6 +14,7 @@ from api import page, plan, routes
 from api.auth import ApiAccess, GuardMiddleware
 from api.openapi import build_openapi
 from api.request_guard import BrowserGuardMiddleware, HostPolicy, known_query
+from api.starting import StartingMiddleware
 from supervisor.engine import Supervisor
 from supervisor.metrics import SupervisorMetrics
 from supervisor.oplog import log_operation_end
@@ -56,6 +57,8 @@ def create_app(
         return build_openapi(app, version())
 
     app.openapi = openapi  # type: ignore[method-assign]
+    # Inside the guard: a call is authenticated before it is told to come back later.
+    app.add_middleware(StartingMiddleware, supervisor=supervisor)
     app.add_middleware(GuardMiddleware, access=app.state.access, max_body_bytes=max_body_bytes)
     # Outermost (added last): a forged browser request is refused before the token check.
     app.add_middleware(BrowserGuardMiddleware, hosts=HostPolicy(bind_host, allowed_hosts))

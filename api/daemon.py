@@ -225,6 +225,22 @@ async def _start(sup: Supervisor, stopping: _Stopping) -> bool:
     return True
 
 
+async def _start_beside_api(
+    sup: Supervisor, stopping: _Stopping, server: uvicorn.Server
+) -> str | None:
+    """``_start`` while the API serves: on a bad config (``ValueError``) the API stops
+    and the reason is returned (the daemon exits 2); None otherwise."""
+    try:
+        await _start(sup, stopping)
+    except ValueError as exc:
+        server.should_exit = True
+        return str(exc)
+    except BaseException:
+        server.should_exit = True  # the API does not serve on without a supervisor
+        raise
+    return None
+
+
 async def _stop_leftovers(settings: Settings, sup: Supervisor) -> bool:
     """``runtime.cleanup`` at exit, once the supervisor's own teardown has ended: the
     daemon leaves nothing of its instance running, not even a server it had not adopted
@@ -252,8 +268,10 @@ async def serve(
 
     In order: the token check, the state-dir lock, the instance (host-wide: exit 2
     naming the daemon that owns it, before any process is touched), the API socket (so
-    a second daemon fails before touching anything), the supervisor's start, serving; on a signal
-    (at any point: ``signals`` has recorded them since the process began), the server is
+    a second daemon fails before touching anything), then serving, with the supervisor's
+    start beside it (mutating calls answer 503 until it has read the state, schema and
+    GPUs); on a signal (at any point: ``signals`` has recorded them since the process
+    began), the server is
     stopped and its GPUs verified released (or, with keep_server_on_exit, left for the
     next daemon). ``load_settings`` re-reads the config on SIGHUP; ``log_level`` given
     (``--log-level``) wins over the config's.
@@ -357,17 +375,20 @@ async def _serve_owned(
     stopping = _Stopping(sup, app, server, reload)
     signals.attach(asyncio.get_running_loop(), stopping.on_signal)
     try:
-        try:
-            started = await _start(sup, stopping)
-        except ValueError as exc:  # a bad config: unknown GPU, invalid initial levers
-            print(f"sglang-supervisor: {exc}", file=sys.stderr)
-            return 2
-        if started and not stopping.requested.is_set():
+        # The API answers from the first instant (/healthz, /status saying what is still
+        # loading, 503 + Retry-After for mutating calls) while start-up reads the state,
+        # SGLang's flag schema (seconds: it imports SGLang) and the GPUs beside it.
+        starting = asyncio.create_task(_start_beside_api(sup, stopping, server))
+        if not stopping.requested.is_set():
             notifier = asyncio.create_task(_notify_when_listening(server, sup))
             try:
                 await server.serve(sockets=[sock])
             finally:
                 notifier.cancel()
+        bad_config = await starting
+        if bad_config is not None:  # unknown GPU, invalid initial levers
+            print(f"sglang-supervisor: {bad_config}", file=sys.stderr)
+            return 2
         close_streams(app)
         budget_us = int(sup.teardown_budget_s() * 1e6)
         sdnotify.notify(

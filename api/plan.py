@@ -133,8 +133,8 @@ def sglang_oracle(
     place of the running one's ``model_path``; an inline ``config_json`` has no directory
     SGLang could read, so the planner's formulas answer (never the running model's
     figures under another model's name)."""
-    if not sup.schema_live:
-        return None, None
+    if not sup.schema_live or not sup.sglang.resolution_runs:
+        return None, None  # make_plan says why (sglang_notes)
     if body is not None and body.config_json is not None:
         return None, None
     model_path = str(Path(body.model).expanduser()) if body and body.model else None
@@ -250,6 +250,26 @@ def _avg_tokens(
     return planner.DEFAULT_AVG_TOKENS, "assumed (no live load; pass avg_tokens)"
 
 
+def sglang_notes(view: SupervisorView, *, asked: bool) -> list[str]:
+    """What the plan owes to which SGLang: never silently the planner's own rule."""
+    info = view.sglang or {}
+    notes = []
+    if not asked:
+        why = info.get("reason") or "SGLang's resolution is not available"
+        notes.append(
+            f"SGLang's own resolution was not asked ({why}): the planner's own rule "
+            f"(SGLang {info.get('knowledge_from')}'s formulas) decided the defaults and "
+            "nothing was checked against SGLang"
+        )
+    elif info.get("version") and info.get("version") != info.get("knowledge_from"):
+        notes.append(
+            f"SGLang {info.get('version')} answered (its resolution checked every "
+            f"candidate), but the planner's formulas are SGLang {info.get('knowledge_from')}'s"
+            " own knowledge: capacity figures may not match this version"
+        )
+    return notes
+
+
 async def make_plan(
     body: PlanRequest,
     view: SupervisorView,
@@ -299,6 +319,8 @@ async def make_plan(
             f"SGLang {view.schema.sglang_version} has no {', '.join(unknown)}; left out of "
             "the proposal"
         )
+    out["sglang"] = None if view.sglang is None else dict(view.sglang)
+    out["notes"].extend(sglang_notes(view, asked=validate is not None))
     out["apply"] = {
         "method": "POST",
         "path": "/levers?wait=true",

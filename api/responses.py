@@ -171,6 +171,18 @@ class StatusAnswer(_Open):
     restarts: int
     restarts_by_reason: dict[str, int]
     throughput: ThroughputModel
+    loading: str | None = Field(
+        None,
+        description="what the daemon's start-up is still loading (state, SGLang's flag schema, "
+        "GPUs); null once done. Meanwhile mutating calls answer 503 with Retry-After",
+    )
+    sglang: dict[str, Any] | None = Field(
+        None,
+        description="which SGLang answers validation: version, path, validation "
+        "(full | degraded | checking), reason (why degraded, or which parts are another "
+        "version's knowledge), missing (entry points it lacks), knowledge_from (the SGLang "
+        "version of the planner's formulas and range tables)",
+    )
     warnings: list[str]
     probation: dict[str, Any] | None = Field(
         None,
@@ -183,6 +195,7 @@ class Health(BaseModel):
     ok: bool
     state: str
     version: str
+    loading: str | None = Field(None, description="what start-up is still loading; null: done")
 
 
 class Readiness(BaseModel):

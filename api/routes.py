@@ -83,7 +83,8 @@ async def _answer(op: Operation, wait: bool) -> JSONResponse:
 @router.get("/healthz", response_model=Health)
 async def healthz(sup: SupervisorDep) -> dict[str, Any]:
     """The daemon itself is alive (says nothing about the SGLang server). No token."""
-    return {"ok": True, "state": str(sup.view().state), "version": version()}
+    view = sup.view()
+    return {"ok": True, "state": str(view.state), "version": version(), "loading": view.loading}
 
 
 @router.get(

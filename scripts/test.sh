@@ -30,9 +30,21 @@ if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/lib/chromium/chromium ];
     echo "   chromium missing and not root: the status page test will be skipped"
   fi
 fi
-echo "== pytest"
 export SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON="$PWD/.venv-sglang/bin/python"
 export SGLANG_SUPERVISOR_TEST_ROUTER_PYTHON="$PWD/.venv-router/bin/python"
+echo "== benchmarks (smoke: each runs once in its quickest form; figures printed, not asserted)"
+# A benchmark that no longer runs fails here (a fresh clone's `--only swap` did). Saves nothing.
+# ~6 minutes on a shared 2-core host at load average ~12 (run --smoke 217 s, bench_validate
+# 68 s, the router's integration scenario ~90 s, h200 --dry-run 11 s).
+bench_t0=$SECONDS
+.venv/bin/python -m tests.benchmarks.run --smoke --no-save
+.venv/bin/python -m tests.benchmarks.bench_validate --rounds 1 --colds 1
+.venv/bin/python -m tests.benchmarks.bench_router --only integration --duration 3 --concurrency 2 --replicas 2 \
+  --no-save
+.venv/bin/python -m tests.benchmarks.h200 --dry-run --reps8 1 --reps48 1 --budget-s 60 \
+  --out "$(mktemp -d)"
+echo "   benchmarks smoke: $((SECONDS - bench_t0)) s"
+echo "== pytest"
 # Three workers (pytest-xdist; PYTEST_WORKERS to change, 0 for none): the tests mostly
 # wait on daemons and simulated servers. The slowest 15 are listed at the end.
 .venv/bin/pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-3}" --durations=15 "$@"

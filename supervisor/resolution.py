@@ -12,7 +12,11 @@ backend...), and the checks that could not run here, each with why.
 
 A warm helper per (interpreter, environment, working directory, GPU facts) keeps torch
 and SGLang imported and answers each request in a fork of itself: ~0.1 s of work after
-the first (seconds) import. Everything here blocks: call it from a worker thread.
+the first (seconds) import. A request whose environment differs from a warm helper's
+only in variables SGLang reads when it runs (``FORK_ENV_PREFIXES``, and none of them
+read while the helper imported) is answered by that helper too, its fork taking on the
+request's environment; any other difference starts a fresh helper (docs/validation.md
+says which variables, and why). Everything here blocks: call it from a worker thread.
 """
 
 from __future__ import annotations
@@ -39,8 +43,18 @@ PROBE_SOURCE = Path(__file__).with_name("resolve_probe.py")
 CHECKS_SOURCE = Path(__file__).with_name("probe_checks.py")
 _READY = "@@READY@@"
 _ANSWER = "@@RESOLVE@@"
-#: Warm helpers kept at once (one per environment; an env lever change makes a new one).
+#: Warm helpers kept at once (one per environment that a fork cannot take on).
 MAX_HELPERS = 2
+#: Environment variables a fork of a warm helper may take on: SGLang reads its own
+#: (``sglang/srt/environ.py``: ``EnvField.get`` reads ``os.environ`` at each call) when
+#: it runs, and re-runs its import-time rewrite of ``SGL_``/deprecated names in the fork;
+#: NCCL reads its own only when a communicator is created, which the probe never does.
+#: Excluded even then: any variable the helper's imports read (its READY line lists
+#: them; e.g. ``SGLANG_CACHE_DIR``, ``SGLANG_PLUGINS``, ``SGLANG_USE_CPU_ENGINE`` in
+#: 0.5.23). Everything else (``CUDA_*``, ``TORCH*``, ``TRITON_*``, ``HF_*``,
+#: ``PYTHON*``, ``LD_*``...) may be read at import, by Python or by C libraries whose
+#: reads cannot be seen: a change there starts a fresh helper.
+FORK_ENV_PREFIXES = ("SGLANG_", "SGL_", "NCCL_")
 
 #: Compute capability by GPU family, for when NVML's answer is not at hand.
 _CAPABILITY_BY_NAME = (
@@ -183,12 +197,27 @@ class Verdict:
         }
 
 
+class ResolutionUnavailable(ParserUnavailable):
+    """The SGLang in the interpreter lacks what its resolution needs (an entry point
+    renamed by another version): only its parser and checks can answer."""
+
+    def __init__(self, message: str, missing: Sequence[str]) -> None:
+        super().__init__(message)
+        self.missing = tuple(missing)
+
+
 class _Helper:
     """One warm ``resolve_probe.py --serve`` process."""
 
     def __init__(self, python: str, env: Mapping[str, str], cwd: str | None, gpu: GpuFacts) -> None:
         self.lock = threading.Lock()
         self.python = python
+        self.env = dict(env)
+        self.base = (python, cwd, json.dumps(gpu.to_json(), sort_keys=True))
+        #: Variables read while the helper imported (from its READY line; None before).
+        self.import_env_reads: frozenset[str] | None = None
+        #: Which SGLang it imported: version, path, entry points it lacks (READY line).
+        self.sglang: dict[str, Any] | None = None
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the helper
         try:
             self.proc = subprocess.Popen(
@@ -235,16 +264,63 @@ class _Helper:
             if line.startswith(marker):
                 return line[len(marker) :]
 
+    def _wait_ready(self, deadline: float) -> None:
+        if self.ready:
+            return
+        hello = self._expect(_READY, deadline)
+        with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
+            said = json.loads(hello)
+            self.sglang = said.get("sglang")
+            self.import_env_reads = frozenset(said["import_env_reads"])
+        self.ready = True
+
+    def which_sglang(self, timeout_s: float) -> dict[str, Any]:
+        """The READY line's ``sglang``: waits for the helper's imports. Raises
+        ``ParserUnavailable`` when it died or did not answer in time."""
+        try:
+            self._wait_ready(time.monotonic() + timeout_s)
+        except TimeoutError as exc:
+            self.close()
+            raise ParserUnavailable(
+                f"{self.python} did not import SGLang within {timeout_s:.0f}s"
+            ) from exc
+        except EOFError as exc:
+            self.close()
+            raise ParserUnavailable(
+                f"{self.python} could not import SGLang (exit {self.proc.poll()}): "
+                f"{self.stderr_tail()}"
+            ) from exc
+        return dict(self.sglang or {})
+
+    def takes(self, env: Mapping[str, str], timeout_s: float) -> bool:
+        """Whether a fork of this helper may answer for ``env`` (``FORK_ENV_PREFIXES``).
+        Waits for the helper's imports (its READY line) until ``timeout_s``; False when
+        it died or did not say what its imports read. Call it holding ``lock``."""
+        try:
+            self._wait_ready(time.monotonic() + timeout_s)
+        except (TimeoutError, EOFError):
+            return False
+        if self.import_env_reads is None:
+            return False
+        changed = {k for k in self.env.keys() | env.keys() if self.env.get(k) != env.get(k)}
+        return all(
+            k.startswith(FORK_ENV_PREFIXES) and k not in self.import_env_reads for k in changed
+        )
+
     def ask(
-        self, argv: Sequence[str], timeout_s: float, paths: Mapping[str, str] | None = None
+        self,
+        argv: Sequence[str],
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        paths: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         try:
-            if not self.ready:
-                self._expect(_READY, deadline)
-                self.ready = True
+            self._wait_ready(deadline)
             assert self.proc.stdin is not None
-            request = {"argv": list(argv), "paths": dict(paths or {})}
+            request: dict[str, Any] = {"argv": list(argv), "paths": dict(paths or {})}
+            if env is not None and dict(env) != self.env:
+                request["env"] = dict(env)
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
             answer: dict[str, Any] = json.loads(self._expect(_ANSWER, deadline))
@@ -291,6 +367,8 @@ class Resolver:
         self._lock = threading.Lock()
         self._helpers: OrderedDict[str, _Helper] = OrderedDict()
         self._max = max_helpers
+        #: Helper processes started so far (each imports SGLang: seconds).
+        self.helpers_started = 0
 
     @staticmethod
     def _key(python: str, env: Mapping[str, str], cwd: str | None, gpu: GpuFacts) -> str:
@@ -307,11 +385,29 @@ class Resolver:
                 self._helpers.move_to_end(key)
                 return helper
             helper = _Helper(python, env, cwd, gpu)
+            self.helpers_started += 1
             self._helpers[key] = helper
             while len(self._helpers) > self._max:
                 _, old = self._helpers.popitem(last=False)
                 old.close()
             return helper
+
+    def _forkable(
+        self, python: str, env: Mapping[str, str], cwd: str | None, gpu: GpuFacts, timeout_s: float
+    ) -> _Helper | None:
+        """A warm helper whose fork can answer for ``env`` (none with this exact
+        environment yet): same interpreter, working directory and GPU facts, and an
+        environment that differs only where ``_Helper.takes`` allows."""
+        with self._lock:
+            if self._key(python, env, cwd, gpu) in self._helpers:
+                return None
+            base = (python, cwd, json.dumps(gpu.to_json(), sort_keys=True))
+            candidates = [h for h in reversed(self._helpers.values()) if h.base == base]
+        for helper in candidates:
+            with helper.lock:
+                if helper.alive() and helper.takes(env, timeout_s):
+                    return helper
+        return None
 
     def warm(
         self, python: str, env: Mapping[str, str], gpu: GpuFacts, cwd: str | None = None
@@ -331,18 +427,45 @@ class Resolver:
         paths: Mapping[str, str] | None = None,
     ) -> Verdict:
         t0 = time.monotonic()
-        helper = self._helper(python, env, cwd, gpu)
+        helper = self._forkable(python, env, cwd, gpu, timeout_s)
+        if helper is None:
+            helper = self._helper(python, env, cwd, gpu)
         with helper.lock:
-            data = helper.ask(argv, timeout_s, paths)
+            missing = helper.which_sglang(timeout_s).get("missing") or []
+            if missing:
+                raise ResolutionUnavailable(_missing_message(python, missing), missing)
+            data = helper.ask(argv, timeout_s, env, paths)
         if "error" in data:
             raise ParserUnavailable(f"{python} could not run SGLang's resolution: {data['error']}")
         return Verdict.from_probe(data, time.monotonic() - t0)
+
+    def which_sglang(
+        self,
+        python: str,
+        env: Mapping[str, str],
+        gpu: GpuFacts,
+        cwd: str | None = None,
+        timeout_s: float = 120,
+    ) -> dict[str, Any]:
+        """Which SGLang the helper for this environment imported: ``version``, ``path``
+        and the ``missing`` entry points (``resolve_probe.ENTRY_POINTS``). Blocks until
+        it has imported SGLang (seconds). Raises ``ParserUnavailable``."""
+        helper = self._helper(python, env, cwd, gpu)
+        with helper.lock:
+            return helper.which_sglang(timeout_s)
 
     def close(self) -> None:
         with self._lock:
             for helper in self._helpers.values():
                 helper.close()
             self._helpers.clear()
+
+
+def _missing_message(python: str, missing: Sequence[str]) -> str:
+    return (
+        f"the SGLang in {python} has no {', '.join(missing)} (renamed in another version?): "
+        "its own resolution cannot run"
+    )
 
 
 _default: Resolver | None = None

@@ -194,9 +194,10 @@ class Daemon:
 
     def start(self, wait_ready: bool = True) -> Daemon:
         self.spawn()
-        # The API answers once start-up has read the live schema: with server.python an
-        # SGLang environment that imports SGLang (10-30 s on a loaded 2-core machine).
-        wait_until(self._healthy, 120, 0.05, "the daemon's /healthz")
+        # The API answers at once; start-up reads the live schema beside it (with
+        # server.python an SGLang environment that imports SGLang: 10-30 s on a loaded
+        # 2-core machine), and mutating calls answer 503 until then: wait for that too.
+        wait_until(self._healthy, 120, 0.05, "the daemon's /healthz with nothing loading")
         if wait_ready:
             self.wait_state("ready")
         return self
@@ -206,8 +207,9 @@ class Daemon:
         if self.proc.poll() is not None:
             raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.log()}")
         try:
-            return self.client.get("/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
+            r = self.client.get("/healthz", timeout=1)
+            return r.status_code == 200 and r.json().get("loading") is None
+        except (httpx.HTTPError, ValueError):
             return False
 
     def log(self) -> str:

@@ -74,7 +74,8 @@ class Invalid(HttpError):
 
 
 class Busy(HttpError):
-    """409: another operation is running; ``operation_id`` names it."""
+    """409: another operation is running; ``operation_id`` names it. Also a 503 with
+    Retry-After: the daemon is still starting (nothing was changed; try again)."""
 
     @property
     def operation_id(self) -> str | None:
@@ -258,6 +259,8 @@ class Client:
             cls = Invalid
         elif r.status_code == 409:
             cls = Busy
+        elif r.status_code == 503 and "retry-after" in r.headers:
+            cls = Busy  # the daemon is still starting (api/starting.py): try again shortly
         elif r.status_code in (401, 403):
             cls = Unauthorized
             hint = (

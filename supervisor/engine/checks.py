@@ -11,12 +11,14 @@ import os
 import shutil
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from supervisor import preflight as host_preflight
 from supervisor.engine.errors import Busy
 from supervisor.engine.server import flags, members_now, server_env
+from supervisor.engine.sglang_info import CHECKING, after_helper
 from supervisor.gpu import FOREIGN_ADVICE, GpuQueryError, GpuSample, foreign_holders
 from supervisor.lever_limits import launch_topology_problems
 from supervisor.lever_paths import path_kinds
@@ -33,7 +35,13 @@ from supervisor.planner import PlanError, load_model_dir
 from supervisor.planner.hostpool import DevicePool
 from supervisor.planner.inputs import lever_bool, lever_float
 from supervisor.planner.sharding import model_dir_sharding_problems
-from supervisor.resolution import GpuFacts, Verdict, default_resolver, resolve_levers
+from supervisor.resolution import (
+    GpuFacts,
+    ResolutionUnavailable,
+    Verdict,
+    default_resolver,
+    resolve_levers,
+)
 from supervisor.router import RouterError
 from supervisor.sglang_parser import (
     ParserUnavailable,
@@ -155,6 +163,43 @@ async def warm_resolution(sup: Supervisor) -> None:
         log.warning("SGLang's resolution helper did not start: %s", exc)
 
 
+async def check_sglang(sup: Supervisor) -> None:
+    """Ask the resolution helper which SGLang it imported (seconds: the import) and
+    whether it has the entry points the resolution needs; /status's ``sglang`` and its
+    warnings say so. Never raises: a failure is a degraded validation, said."""
+    facts = gpu_facts(sup)
+    if sup.sglang.validation != CHECKING or facts is None:
+        return
+    env = server_env(sup, sup.levers)
+    try:
+        said = await asyncio.to_thread(
+            default_resolver().which_sglang,
+            sup.settings.server.python,
+            env,
+            facts,
+            sup.settings.server.cwd,
+        )
+    except ParserUnavailable as exc:
+        sup.sglang = sup.sglang.degraded(f"SGLang's resolution helper failed: {exc}")
+    else:
+        sup.sglang = after_helper(sup.sglang, said)
+    if sup.sglang.reason is not None:
+        log.warning("%s", sup.sglang.reason)
+        sup.warn(sup.sglang.reason)
+
+
+async def _degraded(
+    sup: Supervisor, checked: LeverSet, detail: str
+) -> tuple[LeverSet, str, Verdict | None]:
+    """Stage (b) when SGLang's resolution cannot run (``sup.sglang`` says why): its
+    parser and checks where it has them, else the schema alone — said in the detail."""
+    info = sup.sglang
+    why = f"validation degraded: {info.reason}"
+    if any(m.endswith(".prepare_server_args") for m in info.missing):
+        return checked, f"{detail}; {why}", None
+    return await _parse_only(sup, checked, detail, why)
+
+
 async def validate_with_sglang(
     sup: Supervisor, requested: LeverSet
 ) -> tuple[LeverSet, str, Verdict | None]:
@@ -188,6 +233,8 @@ async def validate_with_sglang(
     facts = gpu_facts(sup)
     if facts is None:
         return await _parse_only(sup, checked, detail)
+    if not sup.sglang.resolution_runs:
+        return await _degraded(sup, checked, detail)
     try:
         verdict = await asyncio.to_thread(
             resolve_levers,
@@ -198,6 +245,11 @@ async def validate_with_sglang(
             cwd=sup.settings.server.cwd,
             paths=path_kinds(sup.schema),
         )
+    except ResolutionUnavailable as exc:
+        sup.sglang = sup.sglang.degraded(str(exc))
+        sup.sglang = replace(sup.sglang, missing=exc.missing)
+        sup.warn(f"validation degraded: {exc}")
+        return await _degraded(sup, checked, detail)
     except ParserUnavailable as exc:
         problem = LeverProblem("levers", f"cannot run SGLang's resolution: {exc}")
         raise LeverError([problem]) from exc
@@ -262,7 +314,10 @@ def describe_verdict(verdict: Verdict) -> str:
 
 
 async def _parse_only(
-    sup: Supervisor, checked: LeverSet, detail: str
+    sup: Supervisor,
+    checked: LeverSet,
+    detail: str,
+    why: str = "the managed GPUs' compute capability is unknown",
 ) -> tuple[LeverSet, str, Verdict | None]:
     """Stage (b) without resolution, when the managed GPUs' facts are unknown."""
     try:
@@ -281,7 +336,7 @@ async def _parse_only(
     return (
         checked,
         detail + f"; SGLang's parser: {verdict.duration_s:.2f} s; not run: SGLang's "
-        "resolution (the managed GPUs' compute capability is unknown)",
+        f"resolution ({why})",
         None,
     )
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from supervisor.backend import ServerHandle
 from supervisor.engine import persisted as persisted_levers
 from supervisor.engine import routing
-from supervisor.engine.checks import refuse_if_foreign, warm_resolution
+from supervisor.engine.checks import check_sglang, gpu_facts, refuse_if_foreign, warm_resolution
 from supervisor.engine.probation import watch_probation
 from supervisor.engine.server import (
     Cancelled,
@@ -27,6 +27,7 @@ from supervisor.engine.server import (
     teardown,
     wait_ready,
 )
+from supervisor.engine.sglang_info import after_schema
 from supervisor.engine.transaction import commit, recover, roll_back
 from supervisor.gpu import GpuInfo, GpuQueryError, resolve_gpus
 from supervisor.levers import LeverError, LeverSet, check_levers
@@ -48,8 +49,13 @@ async def prepare(sup: Supervisor) -> None:
     Raises ``ValueError`` (bad config: unknown GPU, invalid initial levers) before
     anything is started.
     """
+    sup.loading = f"the state in {sup.journal.dir}"
     persisted = await sup.journal.load()
     if sup.schema_loader is not None:
+        sup.loading = (
+            f"SGLang's flag schema from {sup.settings.server.python} (imports SGLang the "
+            "first time: seconds)"
+        )
         loaded = await asyncio.to_thread(
             sup.schema_loader, sup.settings.server.python, sup.journal.dir / "schema-cache"
         )
@@ -58,7 +64,9 @@ async def prepare(sup: Supervisor) -> None:
         if loaded.warning:
             log.warning("%s", loaded.warning)
             sup.warn(loaded.warning)
+    sup.loading = "the managed GPUs"
     sup.managed = await asyncio.to_thread(resolve_managed, sup, sup.settings.server.gpus)
+    sup.loading = "the levers to start with"
     # Persisted levers were checked against the SGLang of their day: check them again
     # against this one (an upgrade may have renamed a flag); misfits are kept, not lost.
     choice = await persisted_levers.choose(sup, persisted)
@@ -71,7 +79,14 @@ async def prepare(sup: Supervisor) -> None:
         except LeverError as exc:
             raise ValueError(f"the configured initial levers are invalid: {exc}") from exc
     sup.levers = initial
+    sup.sglang = after_schema(
+        sup.schema.sglang_version, sup.schema_live, sup.schema_warning, gpu_facts(sup) is not None
+    )
     await warm_resolution(sup)
+    # Which SGLang answers, and whether its resolution can run, once its helper has
+    # imported it (seconds): /status says "checking" meanwhile.
+    sup.sglang_check = asyncio.create_task(check_sglang(sup))
+    sup.loading = None
     if not sup.probe.pids_are_local():
         sup.warn(
             "GPU process ids come from another PID namespace (a container without the "

@@ -9,6 +9,7 @@ one operation runs at a time (``Busy`` otherwise). Readers take a frozen ``view(
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -26,6 +27,8 @@ from supervisor.engine.server import (
     ServerInfo,
     teardown_budget,
 )
+from supervisor.engine.sglang_info import SglangInfo
+from supervisor.engine.sglang_info import before_start as sglang_before_start
 from supervisor.engine.view import MembersCache, SupervisorView, gpu_status, snapshot
 from supervisor.engine.watch import Watcher
 from supervisor.events import EventBus
@@ -99,6 +102,13 @@ class Supervisor:
         self.schema_live = False
         #: Why SGLang's own parser is not used (None when it is).
         self.schema_warning: str | None = None
+        #: Which SGLang answers validation, and whether its resolution runs (/status).
+        self.sglang: SglangInfo = sglang_before_start()
+        #: Start-up's check of that SGLang (its resolution helper imports it: seconds).
+        self.sglang_check: asyncio.Task[None] | None = None
+        #: What start-up is still loading (``startup.prepare``), for /status and the
+        #: 503 of mutating calls meanwhile; None once the levers to start with are known.
+        self.loading: str | None = "the state directory, SGLang's flag schema, the GPUs"
         self.tag_prefix = instance_tag_prefix(settings)
         self.watch = Watcher(self)
         #: When a drain in progress ends at the latest (None: no drain).
@@ -254,6 +264,10 @@ class Supervisor:
             # SGLang's warm resolution helpers (server.python): nothing of ours outlives
             # the daemon, not even for the seconds a helper takes to notice EOF.
             await asyncio.to_thread(default_resolver().close)
+            if self.sglang_check is not None:
+                # Its helper is closed: the check ends at once (said as degraded).
+                with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+                    await asyncio.wait_for(self.sglang_check, 5)
 
     # -------------------------------------------------------------- operations
 

@@ -104,6 +104,10 @@ class SupervisorView:
     last_drain_left: float | None = None
     #: ``{"until", "probes_ok", "pid"}`` while a new server is on probation, else None.
     probation: Mapping[str, Any] | None = None
+    #: What start-up is still loading (None: done).
+    loading: str | None = None
+    #: Which SGLang answers validation (``SglangInfo.to_json``).
+    sglang: Mapping[str, Any] | None = None
 
     @property
     def gpu_indices(self) -> list[int]:
@@ -137,6 +141,8 @@ class SupervisorView:
             "restarts_by_reason": dict(self.restarts_by_reason),
             "throughput": self.throughput.to_json(),
             "schema": {"sglang_version": self.schema.sglang_version, "source": self.schema.source},
+            "loading": self.loading,
+            "sglang": None if self.sglang is None else dict(self.sglang),
             "warnings": list(self.warnings),
             "router": None if self.router is None else dict(self.router),
             "last_drain": None
@@ -199,6 +205,8 @@ def snapshot(sup: Supervisor) -> SupervisorView:
         last_drain_s=sup.last_drain_s,
         last_drain_left=sup.last_drain_left,
         probation=None if sup.probation is None else frozen_map(sup.probation),
+        loading=sup.loading,
+        sglang=frozen_map(sup.sglang.to_json()),
     )
 
 

@@ -26,7 +26,7 @@ CPU_GOAL = 0.5
 
 
 def run(ctx: Context) -> Result:
-    window_s = 15.0 if ctx.quick else 60.0
+    window_s = 5.0 if ctx.smoke else 15.0 if ctx.quick else 60.0
     liveness_s = 10.0
     d = new_daemon(ctx, "footprint-daemon", gpus=GPUS, timeouts={"liveness_interval_s": liveness_s})
     with running(d):

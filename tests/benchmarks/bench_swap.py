@@ -64,7 +64,7 @@ def health_status(port: int) -> int:
     """``GET /health_generate`` over a raw socket (far cheaper than an HTTP client); 0 when
     the connection fails."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+        with socket.create_connection(("127.0.0.1", port), timeout=2.0) as s:
             s.sendall(b"GET /health_generate HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
             head = s.recv(64)
     except OSError:

@@ -149,8 +149,12 @@ class Context:
     work: Path
     #: Launch-tag prefixes of everything started; ``cleanup`` ends what is left of them.
     tags: set[str] = field(default_factory=set)
+    #: One repetition of everything (``--smoke``, scripts/test.sh): that it runs, no figure.
+    smoke: bool = False
 
     def reps(self, full: int, quick: int) -> int:
+        if self.smoke:
+            return 1
         return quick if self.quick else full
 
     def new_tag(self, what: str) -> str:
@@ -239,6 +243,11 @@ def kill_tagged(prefix: str) -> list[int]:
 # --- the simulated server -----------------------------------------------------------------
 
 
+#: How long the simulated ``/health_generate`` takes in the benchmarks (the daemons'
+#: default in ``tests.helpers.Daemon``): bare servers get the same, so the comparison is fair.
+SIM_HEALTH_S = 0.05
+
+
 @dataclass
 class SimHost:
     """A simulated-GPU registry of its own, and the probe over it."""
@@ -262,6 +271,10 @@ class SimHost:
                 "SGLANG_SIM_GPU_DIR": str(self.registry),
                 "SGLANG_SIM_GPU_MEMORY_MIB": str(SIM_MEMORY_MIB),
                 "SGLANG_SIM_STARTUP_S": str(startup_s),
+                # As the daemons' simulated servers (tests.helpers.Daemon): the simulated
+                # /health_generate otherwise takes SGLang's ~1 s, longer than the probes'
+                # timeouts here, and a bare server never read as ready.
+                "SGLANG_SIM_HEALTH_S": str(SIM_HEALTH_S),
                 "SGLANG_SIM_FAULTS": faults,
                 "CUDA_VISIBLE_DEVICES": ",".join(sim_gpu_uuid(i) for i in range(self.gpus)),
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID",

@@ -38,6 +38,7 @@ BENCHMARKS = {
     "swap": "tests.benchmarks.bench_swap",
     "api": "tests.benchmarks.bench_api",
     "footprint": "tests.benchmarks.bench_footprint",
+    "startup": "tests.benchmarks.bench_startup",
 }
 RESULTS = Path(__file__).with_name("results")
 JSON_NAME = "cpu_benchmarks.json"
@@ -49,8 +50,9 @@ def _meta(args: argparse.Namespace) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "python -m tests.benchmarks.run"
         + (" --quick" if args.quick else "")
+        + (" --smoke" if args.smoke else "")
         + "".join(f" --only {n}" for n in args.only or []),
-        "mode": "quick" if args.quick else "full",
+        "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
         "host": {
             "cpus": os.cpu_count(),
             "kernel": platform.release(),
@@ -158,6 +160,11 @@ def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.benchmarks.run", description=__doc__)
     p.add_argument("--quick", action="store_true", help="fewer repetitions (< ~2 minutes)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="--quick with one repetition each: that every benchmark runs (scripts/test.sh)",
+    )
     p.add_argument("--only", action="append", choices=sorted(BENCHMARKS), metavar="NAME")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     p.add_argument("--no-save", action="store_true", help="print only")
@@ -168,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     # As the daemon does: ranks orphaned by a killed launcher are re-parented to us.
     process.set_child_subreaper()
     work = Path(tempfile.mkdtemp(prefix="sgs-bench-"))
-    ctx = Context(quick=args.quick, work=work)
+    ctx = Context(quick=args.quick or args.smoke, work=work, smoke=args.smoke)
     names = args.only or list(BENCHMARKS)
     meta = _meta(args)
     results: dict[str, dict[str, Any]] = {}
