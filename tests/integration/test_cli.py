@@ -230,7 +230,7 @@ def test_invalid_lever_exits_2_and_names_it(readonly_daemon: Daemon) -> None:
 
 def test_second_apply_while_one_runs_exits_5(daemon: Daemon) -> None:
     # A slow start keeps the first operation running while the second is refused.
-    r = cli(daemon, "apply", "--env", "SGLANG_SIM_STARTUP_S=2", "--force-restart", "--no-wait")
+    r = cli(daemon, "apply", "--env", "SGLANG_SIM_STARTUP_S=6", "--force-restart", "--no-wait")
     assert r.returncode == 0, r.stderr
     first = r.stdout.split()[1].rstrip(":")
     assert daemon.status()["operation"]["id"] == first
