@@ -42,6 +42,7 @@ from supervisor.engine import Supervisor
 from supervisor.process import set_child_subreaper
 from supervisor.router import read_api_key
 from supervisor.runtime import build_supervisor, cleanup
+from supervisor.slurm.allocation import require_allocation
 from supervisor.states import ServerState
 
 log = logging.getLogger("supervisor")
@@ -231,6 +232,8 @@ async def serve(
         token = load_token(settings.api.token_file)
         check_listen(settings.api.host, token)
         read_api_key(settings.router)  # an unreadable router key file stops us here
+        if settings.server.launcher == "slurm":  # NotInAllocation is a RuntimeError
+            require_allocation(settings.slurm.scontrol)
         lock_state_dir(settings.state_dir)
     except StateDirBusy as exc:
         print(

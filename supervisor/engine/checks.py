@@ -34,6 +34,7 @@ from supervisor.sglang_parser import (
     lever_for_message,
     levers_for_message,
 )
+from supervisor.slurm.settings import check_node_levers
 from supervisor.states import IDLE_STATES, ServerState
 from supervisor.units import MiB, fmt_mib
 
@@ -138,6 +139,9 @@ async def validate_with_sglang(
     t0 = time.monotonic()
     checked = check_levers(requested, sup.schema, complete=True)
     check_gpu_placement(checked, len(sup.managed))
+    nodes = check_node_levers(checked.levers, sup.settings.server.launcher, len(sup.managed))
+    if nodes:
+        raise LeverError([LeverProblem(lever, message) for lever, message in nodes])
     detail = f"schema of SGLang {sup.schema.sglang_version}: {(time.monotonic() - t0) * 1e3:.1f} ms"
     if not sup.schema_live:
         return checked, detail + "; SGLang's own parser and resolution not available", None
