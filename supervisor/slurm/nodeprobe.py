@@ -85,10 +85,29 @@ def gpus_json(probe: GpuProbe) -> list[dict[str, Any]]:
     ]
 
 
+def _other_node(pid: int, node: str) -> bool:
+    """Whether ``pid`` runs for another Slurm node (its ``SLURMD_NODENAME``): several
+    ``slurmd`` of a test cluster share one host, and each node answers for its own."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return False
+    key = b"SLURMD_NODENAME="
+    names = [item[len(key) :].decode(errors="replace") for item in env if item.startswith(key)]
+    return bool(names) and names[0] != node
+
+
+def node_members(**tags: str | None) -> list[int]:
+    """Our tagged processes on this node."""
+    node = node_name()
+    return sorted(p for p in find_members(None, **tags) if not _other_node(p, node))
+
+
 def step_tasks(tag: str) -> list[int]:
     """Our launch's tasks on this node: tagged ``tag``, children of ``slurmstepd``."""
     out = []
-    for pid in find_members(None, tag=tag):
+    for pid in node_members(tag=tag):
         try:
             parent = psutil.Process(pid).parent()
             if parent is not None and parent.name().startswith("slurmstepd"):
@@ -102,7 +121,7 @@ def answer(ns: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"node": node_name()}
     tags = {"tag": ns.tag, "tag_prefix": ns.tag_prefix, "exclude_tag": ns.exclude_tag}
     if ns.tag or ns.tag_prefix:  # before any signal: the members as they were
-        out["members"] = sorted(find_members(None, **tags))
+        out["members"] = node_members(**tags)
     # Only the probe's first task signals: its node is the server step's node 0.
     if ns.signal_leader and ns.tag and os.environ.get("SLURM_NODEID", "0") == "0":
         sig = signal.Signals["SIG" + ns.signal_leader]

@@ -80,14 +80,17 @@ class NodeRunner:
             ) from exc
         except OSError as exc:
             raise GpuQueryError(f"cannot run {self.slurm.srun!r}: {exc}") from exc
-        answers: dict[str, Any] = {}
+        # srun --label cuts long lines into labelled pieces of about 1 KiB: each task
+        # prints one JSON line, so its pieces, joined, are its answer.
+        pieces: dict[int, list[str]] = {}
         for line in done.stdout.splitlines():
             found = _LABELLED.match(line)
-            if found is None:
-                continue
-            task = int(found.group(1))
+            if found is not None:
+                pieces.setdefault(int(found.group(1)), []).append(found.group(2))
+        answers: dict[str, Any] = {}
+        for task, parts in pieces.items():
             try:
-                data = json.loads(found.group(2))
+                data = json.loads("".join(parts))
             except ValueError:
                 continue
             if 0 <= task < len(use):
