@@ -105,6 +105,21 @@ def test_foreign_process_on_the_second_node_refuses_naming_node_and_pid(
         foreign.wait(10)
 
 
+def test_an_apply_failing_at_start_rolls_the_group_back(
+    slurm_cluster: SlurmCluster, group: tuple[Daemon, str]
+) -> None:
+    d, job = group
+    before = d.status()
+    op = d.apply({"mem_fraction_static": 0.7}, env={"SGLANG_SIM_FAULTS": "crash_on_start"})
+    done = op.json()["operation"]
+    assert done["state"] == "rolled_back", done
+    s = d.status()
+    assert s["state"] == "ready" and s["levers"] == before["levers"]
+    assert server_info(d)["mem_fraction_static"] == before["levers"]["mem_fraction_static"]
+    assert step_names(slurm_cluster, job) == [s["server"]["launch_tag"]]
+    assert all(len(h) == 1 for h in holders(s)), holders(s)
+
+
 def test_a_rank_killed_on_the_second_node_brings_the_whole_group_back(
     slurm_cluster: SlurmCluster, group: tuple[Daemon, str]
 ) -> None:
