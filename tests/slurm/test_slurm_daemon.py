@@ -64,7 +64,7 @@ def stop_and_check(cluster: SlurmCluster, job: str, d: Daemon) -> None:
 
 def step_names(cluster: SlurmCluster, job: str) -> list[str]:
     out = cluster.run(["squeue", "-h", "-s", "-j", job, "-o", "%j"]).stdout.split()
-    return [n for n in out if n != "sglang-supervisor-probe"]
+    return [n for n in out if n not in ("sglang-supervisor-probe", "batch")]
 
 
 def server_info(d: Daemon) -> dict[str, Any]:
