@@ -117,6 +117,9 @@ class GpuStatus(_Open):
     baseline_bytes: int | None = None
     processes: list[GpuProcess] = Field(default_factory=list)
     error: str | None = Field(None, description="the GPU query failed")
+    node: str | None = Field(
+        None, description='the Slurm node it is on (server.launcher = "slurm" only)'
+    )
 
 
 class ServerModel(_Open):

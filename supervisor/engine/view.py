@@ -245,6 +245,8 @@ async def gpu_status(sup: Supervisor) -> list[dict[str, Any]]:
                 {"pid": p.pid, "used_bytes": p.used_bytes, "member": p.pid in members}
                 for p in s.processes
             ],
+            # The Slurm node of a server spanning hosts (supervisor/slurm/probe.py).
+            **({"node": s.node} if s.node else {}),
         }
         for s in samples
     ]

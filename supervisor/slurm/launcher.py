@@ -210,14 +210,8 @@ class SlurmProcessOps:
             else:
                 report.launcher_exit_s = time.monotonic() - start
         # The per-node sweep, every node of the allocation: what the step left behind.
-        local = stop_tree(
-            step,
-            tag=tag,
-            tag_prefix=tag_prefix,
-            exclude_tag=exclude_tag,
-            grace_s=0.0,
-            kill_timeout_s=kill_timeout_s,
-        )
+        # Here, only our srun's own tree: tagged processes are each node's (its sweep).
+        local = stop_tree(step, grace_s=0.0, kill_timeout_s=kill_timeout_s)
         _merge(report, local.to_json(), "")
         answers = self.runner.run(
             [

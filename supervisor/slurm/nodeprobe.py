@@ -12,8 +12,8 @@ Prints one JSON line about this node (``SLURMD_NODENAME``):
   the pids of the step's task there (tagged ``--tag``, child of ``slurmstepd``: the
   server's launcher, which ``supervisor.slurm.task`` execs) that got ``SIG``, under
   ``signalled``;
-* with ``--sweep``: every member SIGTERMed then SIGKILLed (``supervisor.teardown``, no
-  grace: only processes left behind by an ended step are swept), under ``sweep``.
+* with ``--sweep``: every member of this node SIGKILLed (no grace: only processes left
+  behind by an ended step are swept) and waited for, under ``sweep``.
 
 Exit 0 whenever it could answer; the caller reads the answer.
 """
@@ -34,7 +34,6 @@ import psutil
 
 from supervisor.gpu import GpuProbe, GpuQueryError
 from supervisor.process import find_members
-from supervisor.teardown import teardown
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -117,6 +116,27 @@ def step_tasks(tag: str) -> list[int]:
     return sorted(out)
 
 
+def sweep(pids: list[int], kill_timeout_s: float) -> dict[str, Any]:
+    """SIGKILL this node's members (left behind by an ended step: no grace) and wait up
+    to ``kill_timeout_s`` for them to vanish; the ones left are described."""
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            p.kill()
+            procs.append(p)
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=kill_timeout_s)
+    survivors = []
+    for p in alive:
+        try:
+            survivors.append(f"pid {p.pid} ({' '.join(p.cmdline())[:80]}) is {p.status()}")
+        except psutil.Error:
+            continue
+    return {"members": pids, "sigkill_sent": [p.pid for p in procs], "survivors": survivors}
+
+
 def answer(ns: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"node": node_name()}
     tags = {"tag": ns.tag, "tag_prefix": ns.tag_prefix, "exclude_tag": ns.exclude_tag}
@@ -134,8 +154,7 @@ def answer(ns: argparse.Namespace) -> dict[str, Any]:
                 continue
         out["signalled"] = sent
     if ns.sweep and (ns.tag or ns.tag_prefix):
-        report = teardown(None, **tags, grace_s=0.0, kill_timeout_s=ns.kill_timeout)
-        out["sweep"] = report.to_json()
+        out["sweep"] = sweep(out["members"], ns.kill_timeout)
     if not ns.no_gpus:
         probe = gpu_probe(ns)
         try:

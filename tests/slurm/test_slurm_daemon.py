@@ -117,6 +117,7 @@ def test_a_dead_rank_brings_the_step_back_whole(
         if (
             s
             and s["state"] == "ready"
+            and s["operation"] is None  # the recovery has ended (counted, committed)
             and s["server"]["launch_tag"] != before["server"]["launch_tag"]
         ):
             return s

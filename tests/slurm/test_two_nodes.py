@@ -58,6 +58,8 @@ def test_one_step_and_every_nodes_gpus_held(
     assert s["state"] == "ready"
     assert step_names(slurm_cluster, job) == [s["server"]["launch_tag"]]
     assert len(s["gpus"]) == 16
+    assert [g["node"] for g in s["gpus"]] == ["n1"] * 8 + ["n2"] * 8
+    assert s["gpus"][8]["uuid"] == "n2/GPU-00000000-5151-4000-8000-000000000000"
     assert all(len(h) == 1 for h in holders(s)), holders(s)
 
 
@@ -135,6 +137,7 @@ def test_a_rank_killed_on_the_second_node_brings_the_whole_group_back(
         if (
             s
             and s["state"] == "ready"
+            and s["operation"] is None  # the recovery has ended (counted, committed)
             and s["server"]["launch_tag"] != before["server"]["launch_tag"]
         ):
             return s
