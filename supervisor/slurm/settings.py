@@ -91,6 +91,8 @@ def node_lever_problems(
             )
         )
     ranks = _int(levers, "tp_size") * _int(levers, "pp_size")
+    # SGLang 0.5.23 refuses this too (arg_groups/validation_hook.py:178-181, "tp_size must
+    # be divisible by number of nodes"); said here with the fix, and where no SGLang runs.
     if ranks % nnodes:
         problems.append(
             (

@@ -25,13 +25,18 @@ pytestmark = pytest.mark.slurm
 
 
 def slurm_daemon(
-    cluster: SlurmCluster, job: str, tmp: Path, levers: dict[str, Any], gpus: int = 2
+    cluster: SlurmCluster,
+    job: str,
+    tmp: Path,
+    levers: dict[str, Any],
+    gpus: int = 2,
+    timeouts: dict[str, Any] | None = None,
 ) -> Daemon:
     d = Daemon(
         tmp,
         gpus=gpus,
         levers={"model_path": "sim/llama", "mem_fraction_static": 0.85, **levers},
-        timeouts={"ready_timeout_s": 60.0, "release_timeout_s": 30.0},
+        timeouts={"ready_timeout_s": 60.0, "release_timeout_s": 30.0, **(timeouts or {})},
         extra={"server": {"launcher": "slurm"}, "slurm": {"dist_init_port": free_port()}},
     )
     d.env = {"SLURM_CONF": str(cluster.conf), "SLURM_JOB_ID": job}
