@@ -29,6 +29,26 @@ from supervisor.slurm.settings import SlurmSettings
 _LABELLED = re.compile(r"^\s*(\d+): (.*)$")
 
 
+def parse_labelled(stdout: str, nodes: Sequence[str]) -> dict[str, Any]:
+    """``{node: answer}`` from ``srun --label`` output of one JSON line per task (task i
+    ran on ``nodes[i]``). srun cuts long lines into labelled pieces of about 1 KiB: a
+    task's pieces, joined, are its answer; an answer that does not parse is left out."""
+    pieces: dict[int, list[str]] = {}
+    for line in stdout.splitlines():
+        found = _LABELLED.match(line)
+        if found is not None:
+            pieces.setdefault(int(found.group(1)), []).append(found.group(2))
+    answers: dict[str, Any] = {}
+    for task, parts in pieces.items():
+        try:
+            data = json.loads("".join(parts))
+        except ValueError:
+            continue
+        if 0 <= task < len(nodes):
+            answers[nodes[task]] = data
+    return answers
+
+
 @dataclass
 class NodeRunner:
     """Runs the per-node probe on nodes of allocation ``job_id`` (``nodes`` in order)."""
@@ -80,21 +100,7 @@ class NodeRunner:
             ) from exc
         except OSError as exc:
             raise GpuQueryError(f"cannot run {self.slurm.srun!r}: {exc}") from exc
-        # srun --label cuts long lines into labelled pieces of about 1 KiB: each task
-        # prints one JSON line, so its pieces, joined, are its answer.
-        pieces: dict[int, list[str]] = {}
-        for line in done.stdout.splitlines():
-            found = _LABELLED.match(line)
-            if found is not None:
-                pieces.setdefault(int(found.group(1)), []).append(found.group(2))
-        answers: dict[str, Any] = {}
-        for task, parts in pieces.items():
-            try:
-                data = json.loads("".join(parts))
-            except ValueError:
-                continue
-            if 0 <= task < len(use):
-                answers[use[task]] = data
+        answers = parse_labelled(done.stdout, use)
         missing = [n for n in use if n not in answers]
         if missing:
             raise GpuQueryError(
