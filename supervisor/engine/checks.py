@@ -258,6 +258,11 @@ async def preflight(sup: Supervisor, levers: LeverSet) -> list[LeverProblem]:
         gpu_total = min((g.memory_total_bytes for g in sup.managed), default=0)
         host, freed = host_preflight.running_host_pool(sup.server.levers.levers, gpu_total, host)
     problems = await asyncio.to_thread(state_dir_problems, sup.journal.dir, sup.journal.logs_dir)
+    # A launcher that spans nodes checks what its nodes need (supervisor/slurm/launcher.py).
+    node_check = getattr(sup.procs, "preflight_problems", None)
+    if node_check is not None:
+        found = await asyncio.to_thread(node_check, levers.levers, members)
+        problems += [LeverProblem(lever, message) for lever, message in found]
     return problems + await asyncio.to_thread(
         host_preflight.check,
         levers,

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,6 +141,35 @@ class SlurmProcessOps:
             job_id=self.allocation.job_id,
             nodes=self.allocation.nodes,
         )
+
+    # -- preflight --
+
+    def preflight_problems(
+        self, levers: Mapping[str, Any], members: Collection[int]
+    ) -> list[tuple[str, str]]:
+        """What would fail the group's start on a node, before anything is stopped:
+        SGLang's rendezvous port (``--dist-init-addr``) on node 0 held by a process not
+        ours. Blocking; a node that does not answer is a problem too."""
+        nnodes = int(levers.get("nnodes") or 1)
+        if nnodes <= 1:
+            return []
+        node, port = self.allocation.nodes[0], self.slurm.dist_init_port
+        try:
+            answers = self.runner.run(["--no-gpus", "--port-holders", str(port)], [node])
+        except GpuQueryError as exc:
+            return [("slurm.dist_init_port", f"cannot check port {port} on node {node}: {exc}")]
+        held = [p for p in answers[node].get("port_holders", []) if p not in members]
+        if not held:
+            return []
+        who = ", ".join("a process we may not see" if p < 0 else f"pid {p}" for p in held)
+        return [
+            (
+                "slurm.dist_init_port",
+                f"port {port} on node {node}, the group's rendezvous (--dist-init-addr), is "
+                f"held by {who}, not ours: every node would fail to start; stop it or set "
+                "another slurm.dist_init_port",
+            )
+        ]
 
     # -- members --
 

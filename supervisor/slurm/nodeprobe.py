@@ -12,6 +12,8 @@ Prints one JSON line about this node (``SLURMD_NODENAME``):
   the pids of the step's task there (tagged ``--tag``, child of ``slurmstepd``: the
   server's launcher, which ``supervisor.slurm.task`` execs) that got ``SIG``, under
   ``signalled``;
+* with ``--port-holders PORT``: the pids listening on that TCP port, under
+  ``port_holders`` (the rendezvous port of ``--dist-init-addr`` on node 0);
 * with ``--sweep``: every member of this node SIGKILLed (no grace: only processes left
   behind by an ended step are swept) and waited for, under ``sweep``.
 
@@ -49,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--kill-timeout", type=float, default=30.0)
     p.add_argument("--no-gpus", action="store_true", help="skip the GPU query")
+    p.add_argument("--port-holders", type=int, help="pids listening on this TCP port")
     return p
 
 
@@ -137,6 +140,17 @@ def sweep(pids: list[int], kill_timeout_s: float) -> dict[str, Any]:
     return {"members": pids, "sigkill_sent": [p.pid for p in procs], "survivors": survivors}
 
 
+def port_holders(port: int) -> list[int]:
+    """Pids listening on TCP ``port`` on this node (-1: one we may not see)."""
+    return sorted(
+        {
+            c.pid if c.pid is not None else -1
+            for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+        }
+    )
+
+
 def answer(ns: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"node": node_name()}
     tags = {"tag": ns.tag, "tag_prefix": ns.tag_prefix, "exclude_tag": ns.exclude_tag}
@@ -155,6 +169,8 @@ def answer(ns: argparse.Namespace) -> dict[str, Any]:
         out["signalled"] = sent
     if ns.sweep and (ns.tag or ns.tag_prefix):
         out["sweep"] = sweep(out["members"], ns.kill_timeout)
+    if ns.port_holders:
+        out["port_holders"] = port_holders(ns.port_holders)
     if not ns.no_gpus:
         probe = gpu_probe(ns)
         try:

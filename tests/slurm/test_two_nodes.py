@@ -12,9 +12,12 @@ job leaves nothing on any node.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -105,6 +108,26 @@ def test_foreign_process_on_the_second_node_refuses_naming_node_and_pid(
     finally:
         foreign.kill()
         foreign.wait(10)
+
+
+def test_a_foreign_listener_on_the_rendezvous_port_refuses_naming_port_and_pid(
+    group: tuple[Daemon, str],
+) -> None:
+    d, _ = group
+    port = tomllib.loads(d.config_path.read_text())["slurm"]["dist_init_port"]
+    assert d.client.post("/stop", params={"wait": "true"}).json()["operation"]["state"] == (
+        "succeeded"
+    )
+    with socket.create_server(("127.0.0.1", port)):
+        r = d.apply({"mem_fraction_static": 0.78})
+        assert r.status_code == 422, r.text
+        problem = r.json()["detail"]["problems"][0]
+        assert problem["lever"] == "slurm.dist_init_port"
+        assert f"port {port} on node n1" in problem["message"]
+        assert f"pid {os.getpid()}" in problem["message"]
+        assert d.status()["state"] == "stopped"
+    op = d.client.post("/start", params={"wait": "true"}).json()["operation"]
+    assert op["state"] == "succeeded", op
 
 
 def test_an_apply_failing_at_start_rolls_the_group_back(
