@@ -122,6 +122,13 @@ class GpuStatus(_Open):
     )
 
 
+class NodeStatus(_Open):
+    name: str
+    gpus: list[int]
+    memory_used_bytes: int
+    memory_total_bytes: int
+
+
 class ServerModel(_Open):
     pid: int
     url: str
@@ -155,6 +162,9 @@ class StatusAnswer(_Open):
     env: dict[str, Any]
     last_good_levers: LeverSetModel | None
     gpus: list[GpuStatus]
+    nodes: list[NodeStatus] | None = Field(
+        None, description='server.launcher = "slurm": each node with its GPUs (indices)'
+    )
     operation: OperationModel | None
     last_operation: dict[str, Any] | None
     restarts: int

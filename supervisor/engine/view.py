@@ -120,6 +120,8 @@ class SupervisorView:
             "env": dict(self.levers.env),
             "last_good_levers": None if self.last_good is None else self.last_good.to_json(),
             "gpus": gpus,
+            # A server spanning Slurm nodes: its GPUs node by node (supervisor/slurm/).
+            **({"nodes": nodes} if (nodes := nodes_of(gpus)) else {}),
             "gpu_probe": {"kind": self.gpu_probe_kind, "pids_are_local": self.pids_are_local},
             "operation": None if self.operation is None else dict(self.operation),
             "last_operation": None
@@ -139,6 +141,23 @@ class SupervisorView:
             if self.last_drain_s is None
             else {"duration_s": round(self.last_drain_s, 3), "requests_left": self.last_drain_left},
         }
+
+
+def nodes_of(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``/status``'s ``nodes``: each Slurm node of the GPU table, in order, with its GPUs'
+    indices and memory; empty when no GPU names a node (a one-host server)."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for g in gpus:
+        name = g.get("node")
+        if not name:
+            continue
+        node = nodes.setdefault(
+            name, {"name": name, "gpus": [], "memory_used_bytes": 0, "memory_total_bytes": 0}
+        )
+        node["gpus"].append(g["index"])
+        for key in ("memory_used_bytes", "memory_total_bytes"):
+            node[key] += g.get(key) or 0
+    return list(nodes.values())
 
 
 def snapshot(sup: Supervisor) -> SupervisorView:

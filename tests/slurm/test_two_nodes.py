@@ -63,6 +63,11 @@ def test_one_step_and_every_nodes_gpus_held(
     assert len(s["gpus"]) == 16
     assert [g["node"] for g in s["gpus"]] == ["n1"] * 8 + ["n2"] * 8
     assert s["gpus"][8]["uuid"] == "n2/GPU-00000000-5151-4000-8000-000000000000"
+    assert [(n["name"], n["gpus"]) for n in s["nodes"]] == [
+        ("n1", list(range(8))),
+        ("n2", list(range(8, 16))),
+    ]
+    assert all(n["memory_used_bytes"] > 0 for n in s["nodes"])
     assert all(len(h) == 1 for h in holders(s)), holders(s)
 
 
