@@ -75,6 +75,7 @@ class NodeRunner:
             f"--nodelist={','.join(use)}",
             "--label",
             "--job-name=sglang-supervisor-probe",
+            *self.slurm.probe_args,
             self.python,
             "-m",
             "supervisor.slurm.nodeprobe",

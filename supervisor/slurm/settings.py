@@ -30,6 +30,9 @@ class SlurmSettings(BaseModel):
     dist_init_port: int = Field(29500, ge=1, le=65535)
     #: Extra options of the server's ``srun`` (e.g. ``["--gres=gpu:8", "--exclusive"]``).
     extra_args: list[str] = Field(default_factory=list)
+    #: Extra options of the per-node probes' ``srun --overlap``: where cgroups hide the
+    #: GPUs from a step without them (``ConstrainDevices``), e.g. ``["--gres=gpu:8"]``.
+    probe_args: list[str] = Field(default_factory=list)
     #: How long one per-node probe or sweep (``srun --overlap``) may take.
     probe_timeout_s: float = Field(30.0, gt=0)
 

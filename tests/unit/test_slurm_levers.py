@@ -67,3 +67,16 @@ def test_facts_come_from_slurms_environment() -> None:
     [(lever, _)] = check_node_levers({"tp_size": 16, "nnodes": 1}, "slurm", 16, env)
     assert lever == "tp_size"
     assert check_node_levers({"tp_size": 16, "nnodes": 2}, "slurm", 16, env) == []
+
+
+def test_the_deploy_example_config_loads_and_its_levers_pass_the_node_rule() -> None:
+    from pathlib import Path
+
+    from supervisor.config import load_settings
+
+    path = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "slurm.example.toml"
+    settings = load_settings(path, {})
+    assert settings.server.launcher == "slurm"
+    assert settings.slurm.probe_args == ["--gres=gpu:8"]
+    env = {"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "2"}
+    assert check_node_levers(settings.server.levers, "slurm", 16, env) == []
