@@ -68,6 +68,8 @@ def test_one_step_and_every_nodes_gpus_held(
         ("n2", list(range(8, 16))),
     ]
     assert all(n["memory_used_bytes"] > 0 for n in s["nodes"])
+    metrics = d.client.get("/metrics").text
+    assert 'sglang_supervisor_gpu_memory_used_bytes{gpu="13",node="n2"}' in metrics
     assert all(len(h) == 1 for h in holders(s)), holders(s)
 
 
