@@ -73,6 +73,30 @@ def test_one_step_and_every_nodes_gpus_held(
     assert all(len(h) == 1 for h in holders(s)), holders(s)
 
 
+def test_status_page_shows_the_gpus_node_by_node(group: tuple[Daemon, str]) -> None:
+    from tests.cdp import Browser, find_chromium
+
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("needs Debian's chromium (scripts/test.sh installs it)")
+    d, _ = group
+    browser = Browser(chromium)
+    try:
+        p = browser.page()
+        p.goto(d.url + "/")
+        p.wait("document.querySelectorAll('#gpus .gpu').length === 16", 30, "16 GPUs shown")
+        heads = p.js("[...document.querySelectorAll('#gpus .node-head')].map(e => e.innerText)")
+        assert heads == ["node n1", "node n2"]
+        # Each heading comes right before its node's first GPU.
+        first = p.js(
+            "[...document.querySelectorAll('#gpus .node-head')]"
+            ".map(e => e.nextElementSibling.dataset.index)"
+        )
+        assert first == ["0", "8"]
+    finally:
+        browser.close()
+
+
 def test_apply_stops_the_leader_first_and_starts_a_new_step(
     slurm_cluster: SlurmCluster, group: tuple[Daemon, str]
 ) -> None:
