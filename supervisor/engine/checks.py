@@ -96,14 +96,18 @@ async def before_a_relaunch(sup: Supervisor) -> None:
 
 def gpu_facts(sup: Supervisor) -> GpuFacts | None:
     """What SGLang would read from CUDA, from the managed GPUs (None: unknown GPU)."""
-    if not sup.managed:
+    managed = sup.managed
+    if managed and sup.settings.server.launcher == "slurm":
+        # SGLang on each node sees that node's GPUs only (named <node>/<uuid> across the
+        # nodes, supervisor/slurm/probe.py): one node's facts, the first node's.
+        first = managed[0].uuid.partition("/")[0]
+        managed = [g for g in managed if g.uuid.partition("/")[0] == first]
+    if not managed:
         return None
     if sup.backend.name == "simulated":
-        mib = min(g.memory_total_bytes for g in sup.managed) >> 20
-        return GpuFacts.simulated(len(sup.managed), mib)
-    return GpuFacts.of_gpus(
-        [g.name for g in sup.managed], [g.memory_total_bytes for g in sup.managed]
-    )
+        mib = min(g.memory_total_bytes for g in managed) >> 20
+        return GpuFacts.simulated(len(managed), mib)
+    return GpuFacts.of_gpus([g.name for g in managed], [g.memory_total_bytes for g in managed])
 
 
 async def warm_resolution(sup: Supervisor) -> None:
