@@ -31,10 +31,12 @@ def slurm_daemon(
     levers: dict[str, Any],
     gpus: int = 2,
     timeouts: dict[str, Any] | None = None,
+    sim: dict[str, Any] | None = None,
 ) -> Daemon:
     d = Daemon(
         tmp,
         gpus=gpus,
+        sim=sim,
         levers={"model_path": "sim/llama", "mem_fraction_static": 0.85, **levers},
         timeouts={"ready_timeout_s": 60.0, "release_timeout_s": 30.0, **(timeouts or {})},
         extra={"server": {"launcher": "slurm"}, "slurm": {"dist_init_port": free_port()}},

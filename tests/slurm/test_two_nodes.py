@@ -222,3 +222,36 @@ def test_scancel_of_the_job_leaves_nothing_on_any_node(
                 d.stop()
             d.client.close()
         assert tagged_processes(d.instance) == []
+
+
+def test_daemon_sigterm_while_the_group_starts_leaves_nothing(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """A shutdown in the middle of a two-node start: the daemon stops the half-started
+    group (every node), exits 0, and no step or process of ours is left."""
+    with slurm_cluster.allocation(2) as job:
+        # A long model load: the group is still starting when the daemon is stopped.
+        d = slurm_daemon(
+            slurm_cluster, job, tmp_path, {"tp_size": 4, "nnodes": 2}, sim={"startup_s": 30}
+        )
+        try:
+            d.start(wait_ready=False)
+            wait_until(
+                lambda: (
+                    (s := d.status_or_none()) is not None
+                    and s["state"] == "starting"
+                    and s["server"] is not None
+                ),
+                60,
+                0.1,
+                "the group starting",
+            )
+            wait_until(lambda: step_names(slurm_cluster, job) != [], 30, 0.1, "the step")
+            t0 = time.monotonic()
+            assert d.status()["state"] == "starting"
+            assert d.stop() == 0, d.log()
+            print(f"\ndaemon stop during a two-node start: {time.monotonic() - t0:.2f}s")
+            assert slurm_cluster.steps(job) == []
+            assert tagged_processes(d.instance) == []
+        finally:
+            stop_and_check(slurm_cluster, job, d)
