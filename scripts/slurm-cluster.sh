@@ -2,6 +2,7 @@
 # A real two-node Slurm cluster on this one machine, for the multi-host tests.
 #
 #   scripts/slurm-cluster.sh start DIR [PORT]   # prints "export SLURM_CONF=DIR/etc/slurm.conf"
+#                                               # (its only line on stdout)
 #   scripts/slurm-cluster.sh stop DIR
 #
 # One slurmctld and two `slurmd -N n1|n2` (NodeHostname=localhost, each on its own port),
@@ -39,7 +40,7 @@ start_munge() {
   if [ ! -s /etc/munge/munge.key ]; then
     mkdir -p /etc/munge
     if command -v mungekey >/dev/null 2>&1; then
-      mungekey -c -f -k /etc/munge/munge.key
+      mungekey -c -f -k /etc/munge/munge.key >&2
     else
       dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 status=none
     fi
@@ -48,7 +49,7 @@ start_munge() {
   chmod 400 /etc/munge/munge.key
   mkdir -p /run/munge /var/lib/munge /var/log/munge
   chown munge:munge /run/munge /var/lib/munge /var/log/munge
-  su -s /bin/sh munge -c munged || die "munged failed to start (see /var/log/munge/munged.log)"
+  su -s /bin/sh munge -c munged >&2 || die "munged failed to start (see /var/log/munge/munged.log)"
   for _ in $(seq 50); do munge -n </dev/null >/dev/null 2>&1 && return 0; sleep 0.1; done
   die "munged started but does not answer (see /var/log/munge/munged.log)"
 }
@@ -123,9 +124,9 @@ start() {
   [ -n "$port" ] || port=$(free_port_block)
   write_conf "$port"
   export SLURM_CONF="$conf"
-  slurmctld -i || die "slurmctld failed to start: $(tail -5 "$dir/log/slurmctld.log" 2>/dev/null)"
-  slurmd -N n1 || die "slurmd -N n1 failed: $(tail -5 "$dir/log/slurmd-n1.log" 2>/dev/null)"
-  slurmd -N n2 || die "slurmd -N n2 failed: $(tail -5 "$dir/log/slurmd-n2.log" 2>/dev/null)"
+  slurmctld -i >&2 || die "slurmctld failed to start: $(tail -5 "$dir/log/slurmctld.log" 2>/dev/null)"
+  slurmd -N n1 >&2 || die "slurmd -N n1 failed: $(tail -5 "$dir/log/slurmd-n1.log" 2>/dev/null)"
+  slurmd -N n2 >&2 || die "slurmd -N n2 failed: $(tail -5 "$dir/log/slurmd-n2.log" 2>/dev/null)"
   # Ready when both nodes are idle (each slurmd registered with slurmctld).
   local states=""
   for _ in $(seq 200); do

@@ -36,6 +36,7 @@ echo "== a two-node Slurm cluster on this machine (the multi-host tests)"
 # The tests needing it skip without it, and fail under CI=true.
 slurm_dir=$(mktemp -d /tmp/sgsup-slurm.XXXXXX)
 if slurm_env=$(bash scripts/slurm-cluster.sh start "$slurm_dir"); then
+  slurm_env=$(printf '%s\n' "$slurm_env" | tail -n 1)
   export SGLANG_SUPERVISOR_TEST_SLURM_CONF="${slurm_env#export SLURM_CONF=}"
   trap 'bash scripts/slurm-cluster.sh stop "$slurm_dir" || true' EXIT
 elif [ "${CI:-}" = true ]; then
