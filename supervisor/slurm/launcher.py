@@ -242,15 +242,20 @@ class SlurmProcessOps:
         # Here, only our srun's own tree: tagged processes are each node's (its sweep).
         local = stop_tree(step, grace_s=0.0, kill_timeout_s=kill_timeout_s)
         _merge(report, local.to_json(), "")
-        answers = self.runner.run(
-            [
-                *_tag_args(tag, tag_prefix, exclude_tag),
-                "--sweep",
-                "--no-gpus",
-                "--kill-timeout",
-                str(kill_timeout_s),
-            ]
-        )
+        try:
+            answers = self.runner.run(
+                [
+                    *_tag_args(tag, tag_prefix, exclude_tag),
+                    "--sweep",
+                    "--no-gpus",
+                    "--kill-timeout",
+                    str(kill_timeout_s),
+                ]
+            )
+        except GpuQueryError as exc:
+            # Unverified is not clean: the stop fails, naming why (e.g. the job is gone).
+            report.survivors.append(NodeSurvivor(f"the per-node sweep did not run: {exc}"))
+            answers = {}
         for node, data in answers.items():
             _merge(report, data.get("sweep", {}), node)
         report.members = sorted(set(report.members))

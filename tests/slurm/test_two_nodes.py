@@ -217,6 +217,9 @@ def test_scancel_of_the_job_leaves_nothing_on_any_node(
             assert got.returncode == 0, got.stderr
             wait_until(lambda: tagged_processes(d.instance) == [], 30, 0.1, "nothing left")
             assert slurm_cluster.steps(job) == []
+            # The daemon says what happened rather than serving a half group.
+            s = d.wait_state("failed", 120)
+            print(f"\nafter scancel: {s['state']}: {s['state_reason'][:300]}")
         finally:
             if d.proc is not None and d.proc.poll() is None:
                 d.stop()
