@@ -48,6 +48,7 @@ from supervisor.engine import Supervisor
 from supervisor.process import set_child_subreaper
 from supervisor.router import read_api_key
 from supervisor.runtime import build_supervisor, cleanup
+from supervisor.slurm.allocation import require_allocation
 from supervisor.states import ServerState
 
 log = logging.getLogger("supervisor")
@@ -283,6 +284,8 @@ async def serve(
         token = load_token(settings.api.token_file)
         check_listen(settings.api.host, token)
         read_api_key(settings.router)  # an unreadable router key file stops us here
+        if settings.server.launcher == "slurm":  # NotInAllocation is a RuntimeError
+            require_allocation(settings.slurm.scontrol)
         state_fd = lock_state_dir(settings.state_dir)
     except OSError as exc:  # read-only, not ours, full: no traceback, no restart loop
         print(state_dir_unusable(settings, exc), file=sys.stderr)

@@ -131,6 +131,16 @@ class GpuStatus(_Open):
     baseline_bytes: int | None = None
     processes: list[GpuProcess] = Field(default_factory=list)
     error: str | None = Field(None, description="the GPU query failed")
+    node: str | None = Field(
+        None, description='the Slurm node it is on (server.launcher = "slurm" only)'
+    )
+
+
+class NodeStatus(_Open):
+    name: str
+    gpus: list[int]
+    memory_used_bytes: int
+    memory_total_bytes: int
 
 
 class ServerModel(_Open):
@@ -166,6 +176,9 @@ class StatusAnswer(_Open):
     env: dict[str, Any]
     last_good_levers: LeverSetModel | None
     gpus: list[GpuStatus]
+    nodes: list[NodeStatus] | None = Field(
+        None, description='server.launcher = "slurm": each node with its GPUs (indices)'
+    )
     operation: OperationModel | None
     last_operation: dict[str, Any] | None
     restarts: int

@@ -30,6 +30,21 @@ if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/lib/chromium/chromium ];
     echo "   chromium missing and not root: the status page test will be skipped"
   fi
 fi
+echo "== a two-node Slurm cluster on this machine (the multi-host tests)"
+# Debian's slurm-wlm + munge, installed when missing and this runs as root; free ports are
+# picked so another cluster on this host (a developer's, another run's) never collides.
+# The tests needing it skip without it, and fail under CI=true.
+slurm_dir=$(mktemp -d /tmp/sgsup-slurm.XXXXXX)
+if slurm_env=$(bash scripts/slurm-cluster.sh start "$slurm_dir"); then
+  slurm_env=$(printf '%s\n' "$slurm_env" | tail -n 1)
+  export SGLANG_SUPERVISOR_TEST_SLURM_CONF="${slurm_env#export SLURM_CONF=}"
+  trap 'bash scripts/slurm-cluster.sh stop "$slurm_dir" || true' EXIT
+elif [ "${CI:-}" = true ]; then
+  echo "CI: the Slurm test cluster did not start (logs in $slurm_dir/log)" >&2
+  exit 1
+else
+  echo "   no Slurm cluster: the multi-host tests will be skipped (logs in $slurm_dir/log)"
+fi
 export SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON="$PWD/.venv-sglang/bin/python"
 export SGLANG_SUPERVISOR_TEST_ROUTER_PYTHON="$PWD/.venv-router/bin/python"
 echo "== benchmarks (smoke: each runs once in its quickest form; figures printed, not asserted)"

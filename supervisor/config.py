@@ -1,7 +1,7 @@
 """The daemon's settings: a TOML file, then the environment, then command-line options.
 
 Sections: ``[api]``, ``[server]`` (+ ``[server.levers]``, ``[server.env]``),
-``[timeouts]``, ``[router]``, ``[sim]``. Every option, with its meaning, is in
+``[timeouts]``, ``[router]``, ``[sim]``, ``[slurm]``. Every option, with its meaning, is in
 ``deploy/config.example.toml``.
 
 The file: ``--config``, else ``$SGLANG_SUPERVISOR_CONFIG``, else
@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from supervisor.slurm.settings import Launcher, SlurmSettings
 
 #: Initial levers of ``serve --simulate`` with no config: an 8-GPU tensor-parallel server.
 SIMULATED_DEFAULT_LEVERS: dict[str, Any] = {
@@ -69,6 +71,9 @@ class ServerSettings(_Section):
     env: dict[str, str] = Field(default_factory=dict)
     #: Working directory of the server process.
     cwd: str | None = None
+    #: How the server is launched: "local" (a process tree on this host) or "slurm" (one
+    #: job step across the nodes of the Slurm allocation the daemon runs in; ``[slurm]``).
+    launcher: Launcher = "local"
     #: Log files of this many launches are kept in <state_dir>/logs.
     log_keep_launches: int = Field(10, ge=1)
     #: A launch's log larger than this is copied to <name>.1 and truncated.
@@ -179,6 +184,8 @@ class Settings(_Section):
     router: RouterSettings = Field(default_factory=RouterSettings)
     #: The simulated backend (``--simulate``), the ``[sim]`` table.
     sim: SimulateSettings = Field(default_factory=SimulateSettings)
+    #: The slurm launcher (``server.launcher = "slurm"``), the ``[slurm]`` table.
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings)
 
     @model_validator(mode="after")
     def _simulated_defaults(self) -> Settings:
@@ -237,6 +244,7 @@ class _FromEnvironment(BaseSettings):
     timeouts: TimeoutSettings | None = None
     router: RouterSettings | None = None
     sim: SimulateSettings | None = None
+    slurm: SlurmSettings | None = None
 
 
 def settings_from_environment() -> dict[str, Any]:

@@ -44,6 +44,8 @@ class GpuSample:
     memory_used_bytes: int
     memory_total_bytes: int
     processes: tuple[GpuProcess, ...]
+    #: The Slurm node the GPU is on, for a server spanning nodes (None: this host).
+    node: str | None = None
 
 
 class GpuProbe(Protocol):
@@ -175,6 +177,7 @@ def foreign_holders(samples: Sequence[GpuSample], members: Collection[int]) -> l
         f"pid {p.pid} holds "
         + ("an unknown amount" if p.used_bytes is None else f"{p.used_bytes / 2**30:.1f} GiB")
         + f" on GPU {s.index}"
+        + (f" (node {s.node})" if s.node else "")
         for s in samples
         for p in s.processes
         if p.pid not in members

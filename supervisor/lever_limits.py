@@ -11,7 +11,7 @@
 * GPU ids: with ``base_gpu_id`` / ``gpu_id_step`` every rank's GPU id must be one of the
   managed GPUs (``check_gpu_ids``, given the managed GPU count).
 * The launch's topology (``launch_topology_problems``): no port-valued lever on the
-  server's port or the daemon's API port; ``nnodes`` 1 (the daemon launches on one host).
+  server's port or the daemon's API port.
 * The server's environment (``check_env_name``): a variable that makes the server load
   code from a path — a library, a plugin, an injection, a kernel or extension cache — is
   refused like ``LD_*``; the routine tuning families are accepted.
@@ -172,8 +172,7 @@ def launch_topology_problems(
 ) -> list[tuple[str, str]]:
     """(lever, message) for what one host's launch can never satisfy: a port-valued lever
     (``nccl_port``, ``*_port``, ``dist_init_addr``'s port) on the server's own port or
-    the daemon's API port, and ``nnodes`` > 1 (this daemon launches on one host: a server
-    waiting for peers that never come would hold the GPUs until ``ready_timeout_s``)."""
+    the daemon's API port. (``nnodes`` is the launcher's rule: ``slurm.settings``.)"""
     out: list[tuple[str, str]] = []
     taken = {server_port: "the server's own port (server.port)"}
     if api_port:
@@ -188,17 +187,6 @@ def launch_topology_problems(
                     f"could not bind it; choose another port for {name} or leave it unset",
                 )
             )
-    nodes = _number(levers.get("nnodes"))
-    if nodes is not None and nodes > 1:
-        out.append(
-            (
-                "nnodes",
-                f"nnodes {levers['nnodes']!r}: this daemon launches the server on one host "
-                "only, so the other nodes would never join (the server would wait for them "
-                'until ready_timeout_s); multi-node needs [server] launcher = "slurm" '
-                "(coming) — set nnodes to 1",
-            )
-        )
     return out
 
 

@@ -138,18 +138,21 @@ class _Collector(Collector):
         return running
 
     def _gpus(self, view: SupervisorView) -> Iterator[Metric]:
+        # A server spanning Slurm nodes labels its GPUs with their node too (bounded: the
+        # allocation's nodes); a one-host server keeps the one label.
+        names = ["gpu", "node"] if self.sup.settings.server.launcher == "slurm" else ["gpu"]
         used = GaugeMetricFamily(
             f"{PREFIX}_gpu_memory_used_bytes",
             "GPU memory used, read at scrape time",
-            labels=["gpu"],
+            labels=names,
         )
         total = GaugeMetricFamily(
-            f"{PREFIX}_gpu_memory_total_bytes", "GPU memory in total", labels=["gpu"]
+            f"{PREFIX}_gpu_memory_total_bytes", "GPU memory in total", labels=names
         )
         baseline = GaugeMetricFamily(
             f"{PREFIX}_gpu_memory_baseline_bytes",
             "GPU memory used when nothing of ours ran (release is judged against it)",
-            labels=["gpu"],
+            labels=names,
         )
         errors = GaugeMetricFamily(
             f"{PREFIX}_gpu_query_ok", "1 when the last GPU query succeeded, 0 when it failed"
@@ -162,7 +165,7 @@ class _Collector(Collector):
             return
         errors.add_metric([], 1.0)
         for s in samples:
-            label = [str(s.index)]
+            label = [str(s.index), s.node or ""][: len(names)]
             used.add_metric(label, float(s.memory_used_bytes))
             total.add_metric(label, float(s.memory_total_bytes))
             if s.index in view.baseline:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from supervisor import ports, process
-from supervisor.backend import Backend, ServerHandle
+from supervisor.backend import Backend, ProcessOps, ServerHandle
 from supervisor.config import Settings, instance_tag_prefix
 from supervisor.engine import Supervisor
 from supervisor.health import HttpHealthChecker
@@ -117,13 +117,20 @@ def build_backend(settings: Settings) -> Backend:
 
 
 def build_supervisor(settings: Settings) -> Supervisor:
-    """A Supervisor wired to real processes, real HTTP probes and the state directory."""
+    """A Supervisor wired to real processes (or a Slurm job step), real HTTP probes and
+    the state directory."""
     store = Store(settings.state_dir)
     cwd = Path(settings.server.cwd) if settings.server.cwd else None
+    backend = build_backend(settings)
+    procs: ProcessOps = OsProcessOps(cwd)
+    if settings.server.launcher == "slurm":
+        from supervisor.slurm.runtime import slurm_backend
+
+        backend, procs = slurm_backend(settings, backend, cwd)
     return Supervisor(
         settings,
-        backend=build_backend(settings),
-        procs=OsProcessOps(cwd),
+        backend=backend,
+        procs=procs,
         health=HttpHealthChecker(),
         schema=load_bundled(),
         schema_loader=load_schema,

@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from tests.helpers import SESSION_TAG_PREFIXES, Daemon, tagged_processes
+from tests.slurmkit import SlurmCluster, find_cluster
 
 #: The simulated server's realistic pauses (a 1 s /health_generate, a SIGTERM watchdog
 #: looking every 5 s) made short for the suite; tests about them set their own values.
@@ -89,3 +90,10 @@ def readonly_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon
             assert d.stop() == 0, d.log()
             assert tagged_processes(d.instance) == [], f"left running by {d.instance}"
         d.client.close()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> SlurmCluster:
+    """The two-node Slurm test cluster (tests/slurmkit.py): a skip without one, a
+    failure under CI=true."""
+    return find_cluster()

@@ -49,6 +49,7 @@ from supervisor.sglang_parser import (
     lever_for_message,
     levers_for_message,
 )
+from supervisor.slurm.settings import check_node_levers
 from supervisor.states import IDLE_STATES, ServerState
 from supervisor.units import MiB, fmt_mib
 
@@ -132,17 +133,23 @@ async def before_a_relaunch(sup: Supervisor) -> None:
 
 def gpu_facts(sup: Supervisor) -> GpuFacts | None:
     """What SGLang would read from CUDA, from the managed GPUs (None: unknown GPU)."""
-    if not sup.managed:
+    managed = sup.managed
+    if managed and sup.settings.server.launcher == "slurm":
+        # SGLang on each node sees that node's GPUs only (named <node>/<uuid> across the
+        # nodes, supervisor/slurm/probe.py): one node's facts, the first node's.
+        first_node = managed[0].uuid.partition("/")[0]
+        managed = [g for g in managed if g.uuid.partition("/")[0] == first_node]
+    if not managed:
         return None
     if sup.backend.name == "simulated":
-        mib = min(g.memory_total_bytes for g in sup.managed) >> 20
-        return GpuFacts.simulated(len(sup.managed), mib)
+        mib = min(g.memory_total_bytes for g in managed) >> 20
+        return GpuFacts.simulated(len(managed), mib)
     # The compute capability and driver version NVML reports (the table of GPU names
     # only where NVML could not say).
-    first = sup.managed[0]
+    first = managed[0]
     return GpuFacts.of_gpus(
-        [g.name for g in sup.managed],
-        [g.memory_total_bytes for g in sup.managed],
+        [g.name for g in managed],
+        [g.memory_total_bytes for g in managed],
         capability=first.capability,
         driver_version=first.driver_version,
     )
@@ -227,6 +234,9 @@ async def validate_with_sglang(
     )
     if collisions:
         raise LeverError([LeverProblem(lever, msg) for lever, msg in collisions])
+    nodes = check_node_levers(checked.levers, sup.settings.server.launcher, len(sup.managed))
+    if nodes:
+        raise LeverError([LeverProblem(lever, message) for lever, message in nodes])
     detail = f"schema of SGLang {sup.schema.sglang_version}: {(time.monotonic() - t0) * 1e3:.1f} ms"
     if not sup.schema_live:
         return checked, detail + "; SGLang's own parser and resolution not available", None
@@ -368,6 +378,11 @@ async def preflight(sup: Supervisor, levers: LeverSet) -> list[LeverProblem]:
             sup.server.levers.levers, gpu_total, host, running_pool
         )
     problems = await asyncio.to_thread(state_dir_problems, sup.journal.dir, sup.journal.logs_dir)
+    # A launcher that spans nodes checks what its nodes need (supervisor/slurm/launcher.py).
+    node_check = getattr(sup.procs, "preflight_problems", None)
+    if node_check is not None:
+        found = await asyncio.to_thread(node_check, levers.levers, members)
+        problems += [LeverProblem(lever, message) for lever, message in found]
     return problems + await asyncio.to_thread(
         host_preflight.check,
         levers,

@@ -126,6 +126,8 @@ class SupervisorView:
             "env": dict(self.levers.env),
             "last_good_levers": None if self.last_good is None else self.last_good.to_json(),
             "gpus": gpus,
+            # A server spanning Slurm nodes: its GPUs node by node (supervisor/slurm/).
+            **({"nodes": nodes} if (nodes := nodes_of(gpus)) else {}),
             "gpu_probe": {"kind": self.gpu_probe_kind, "pids_are_local": self.pids_are_local},
             "operation": None if self.operation is None else dict(self.operation),
             "last_operation": None
@@ -150,6 +152,23 @@ class SupervisorView:
             else {"duration_s": round(self.last_drain_s, 3), "requests_left": self.last_drain_left},
             "probation": None if self.probation is None else dict(self.probation),
         }
+
+
+def nodes_of(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``/status``'s ``nodes``: each Slurm node of the GPU table, in order, with its GPUs'
+    indices and memory; empty when no GPU names a node (a one-host server)."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for g in gpus:
+        name = g.get("node")
+        if not name:
+            continue
+        node = nodes.setdefault(
+            name, {"name": name, "gpus": [], "memory_used_bytes": 0, "memory_total_bytes": 0}
+        )
+        node["gpus"].append(g["index"])
+        for key in ("memory_used_bytes", "memory_total_bytes"):
+            node[key] += g.get(key) or 0
+    return list(nodes.values())
 
 
 def snapshot(sup: Supervisor) -> SupervisorView:
@@ -259,6 +278,8 @@ async def gpu_status(sup: Supervisor) -> list[dict[str, Any]]:
                 {"pid": p.pid, "used_bytes": p.used_bytes, "member": p.pid in members}
                 for p in s.processes
             ],
+            # The Slurm node of a server spanning hosts (supervisor/slurm/probe.py).
+            **({"node": s.node} if s.node else {}),
         }
         for s in samples
     ]

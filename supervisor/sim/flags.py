@@ -209,6 +209,9 @@ class SimEnv:
                 "SGLANG_SIM_GPU_DIR is not set: the simulated server needs the directory "
                 "of the simulated GPU registry (the supervisor sets it in --simulate mode)"
             )
+        if env.get("SGLANG_SIM_GPU_DIR_PER_NODE") == "1" and env.get("SLURMD_NODENAME"):
+            # Each Slurm node has its own simulated GPUs (supervisor.slurm.nodeprobe).
+            registry = str(Path(registry) / env["SLURMD_NODENAME"])
         visible = env.get("CUDA_VISIBLE_DEVICES")
         if visible is None:
             gpus = [sim_gpu_uuid(i) for i in range(8)]

@@ -72,7 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # PlanError is one
         log(f"ERROR: {exc}")
         return 1
-    return Launcher(ServerConfig.from_namespace(ns), env, model).run()
+    cfg = ServerConfig.from_namespace(ns)
+    if (getattr(ns, "nnodes", None) or 1) > 1:
+        from supervisor.sim.nodes import run_node
+
+        return run_node(cfg, env, model)
+    return Launcher(cfg, env, model).run()
 
 
 if __name__ == "__main__":

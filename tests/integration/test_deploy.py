@@ -28,6 +28,7 @@ from supervisor.config import (
 )
 from supervisor.levers import LeverSet, check_levers
 from supervisor.schema import load_bundled
+from supervisor.slurm.settings import SlurmSettings
 from tests.helpers import Daemon, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,8 +96,9 @@ def test_example_config_shows_every_option() -> None:
         "timeouts": TimeoutSettings,
         "router": RouterSettings,
         "sim": SimulateSettings,
+        "slurm": SlurmSettings,
     }
-    tables = {"api", "server", "timeouts", "router", "sim", "levers", "env"}
+    tables = {"api", "server", "timeouts", "router", "sim", "slurm", "levers", "env"}
     missing = [
         f"[{section}] {name}" if section else name
         for section, model in sections.items()

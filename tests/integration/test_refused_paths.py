@@ -199,7 +199,7 @@ def test_a_port_lever_on_our_own_ports_is_refused(daemon: Daemon, which: str) ->
 def test_nnodes_above_one_is_refused_on_a_one_host_daemon(daemon: Daemon) -> None:
     (p,) = _refused(daemon, {"nnodes": 2})
     assert p["lever"] == "nnodes", p
-    assert '[server] launcher = "slurm"' in p["message"] and "(coming)" in p["message"]
+    assert 'server.launcher = "slurm"' in p["message"] and "docs/slurm.md" in p["message"]
 
 
 # ------------------------------------------------------------------ §4: hub ids

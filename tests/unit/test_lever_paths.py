@@ -54,7 +54,6 @@ def test_every_listed_name_is_a_flag_of_sglangs_own_parser() -> None:
         ({"nccl_port": 30000}, "nccl_port"),
         ({"disaggregation_bootstrap_port": 8470}, "disaggregation_bootstrap_port"),
         ({"dist_init_addr": "127.0.0.1:30000"}, "dist_init_addr"),
-        ({"nnodes": 2}, "nnodes"),
     ],
 )
 def test_launch_topology_refusals(levers: dict[str, object], lever: str) -> None:

@@ -1,0 +1,192 @@
+"""The per-node probe: ``python -m supervisor.slurm.nodeprobe [options]``, run on every
+node of the allocation through ``srun --overlap`` (``supervisor.slurm.probe``).
+
+Prints one JSON line about this node (``SLURMD_NODENAME``):
+
+* ``gpus``: every GPU (NVML, or the node's simulated GPUs with ``--sim-registry``): index,
+  uuid, name, memory used and total, and the processes holding memory ``[[pid, bytes]]``;
+  ``gpu_error`` instead when the query failed (never read as "free");
+* ``members``: the pids carrying our launch tag (``--tag`` exactly, or ``--tag-prefix``,
+  less ``--exclude-tag``);
+* with ``--signal-leader SIG``, on the probe's first node only (the server step's node 0):
+  the pids of the step's task there (tagged ``--tag``, child of ``slurmstepd``: the
+  server's launcher, which ``supervisor.slurm.task`` execs) that got ``SIG``, under
+  ``signalled``;
+* with ``--port-holders PORT``: the pids listening on that TCP port, under
+  ``port_holders`` (the rendezvous port of ``--dist-init-addr`` on node 0);
+* with ``--sweep``: every member of this node SIGKILLed (no grace: only processes left
+  behind by an ended step are swept) and waited for, under ``sweep``.
+
+Exit 0 whenever it could answer; the caller reads the answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from supervisor.gpu import GpuProbe, GpuQueryError
+from supervisor.process import find_members
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m supervisor.slurm.nodeprobe")
+    p.add_argument("--sim-registry", help="base directory of the simulated GPUs' registry")
+    p.add_argument("--sim-gpus", type=int, default=8)
+    p.add_argument("--sim-mib", type=int, default=143771)
+    p.add_argument("--sim-baseline-mib", type=int, default=0)
+    p.add_argument("--tag")
+    p.add_argument("--tag-prefix")
+    p.add_argument("--exclude-tag")
+    p.add_argument("--signal-leader", choices=["TERM", "KILL", "INT"])
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--kill-timeout", type=float, default=30.0)
+    p.add_argument("--no-gpus", action="store_true", help="skip the GPU query")
+    p.add_argument("--port-holders", type=int, help="pids listening on this TCP port")
+    return p
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def gpu_probe(ns: argparse.Namespace) -> GpuProbe:
+    """This node's simulated GPUs (``<registry>/<node>``), else NVML."""
+    if ns.sim_registry:
+        from supervisor.sim.gpus import SimGpuProbe, prepare_registry
+
+        registry = Path(ns.sim_registry) / node_name()
+        prepare_registry(registry)
+        return SimGpuProbe(registry, ns.sim_gpus, ns.sim_mib, ns.sim_baseline_mib)
+    from supervisor.nvml import NvmlProbe
+
+    return NvmlProbe()
+
+
+def gpus_json(probe: GpuProbe) -> list[dict[str, Any]]:
+    devices = probe.devices()
+    return [
+        {
+            "index": s.index,
+            "uuid": s.uuid,
+            "name": s.name,
+            "memory_used_bytes": s.memory_used_bytes,
+            "memory_total_bytes": s.memory_total_bytes,
+            "processes": [[p.pid, p.used_bytes] for p in s.processes],
+        }
+        for s in probe.sample([d.index for d in devices])
+    ]
+
+
+def _other_node(pid: int, node: str) -> bool:
+    """Whether ``pid`` runs for another Slurm node (its ``SLURMD_NODENAME``): several
+    ``slurmd`` of a test cluster share one host, and each node answers for its own."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return False
+    key = b"SLURMD_NODENAME="
+    names = [item[len(key) :].decode(errors="replace") for item in env if item.startswith(key)]
+    return bool(names) and names[0] != node
+
+
+def node_members(**tags: str | None) -> list[int]:
+    """Our tagged processes on this node."""
+    node = node_name()
+    return sorted(p for p in find_members(None, **tags) if not _other_node(p, node))
+
+
+def step_tasks(tag: str) -> list[int]:
+    """Our launch's tasks on this node: tagged ``tag``, children of ``slurmstepd``."""
+    out = []
+    for pid in node_members(tag=tag):
+        try:
+            parent = psutil.Process(pid).parent()
+            if parent is not None and parent.name().startswith("slurmstepd"):
+                out.append(pid)
+        except psutil.Error:
+            continue
+    return sorted(out)
+
+
+def sweep(pids: list[int], kill_timeout_s: float) -> dict[str, Any]:
+    """SIGKILL this node's members (left behind by an ended step: no grace) and wait up
+    to ``kill_timeout_s`` for them to vanish; the ones left are described."""
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            p.kill()
+            procs.append(p)
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=kill_timeout_s)
+    survivors = []
+    for p in alive:
+        try:
+            survivors.append(f"pid {p.pid} ({' '.join(p.cmdline())[:80]}) is {p.status()}")
+        except psutil.Error:
+            continue
+    return {"members": pids, "sigkill_sent": [p.pid for p in procs], "survivors": survivors}
+
+
+def port_holders(port: int) -> list[int]:
+    """Pids listening on TCP ``port`` on this node (-1: one we may not see)."""
+    return sorted(
+        {
+            c.pid if c.pid is not None else -1
+            for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+        }
+    )
+
+
+def answer(ns: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"node": node_name()}
+    tags = {"tag": ns.tag, "tag_prefix": ns.tag_prefix, "exclude_tag": ns.exclude_tag}
+    if ns.tag or ns.tag_prefix:  # before any signal: the members as they were
+        out["members"] = node_members(**tags)
+    # Only the probe's first task signals: its node is the server step's node 0.
+    if ns.signal_leader and ns.tag and os.environ.get("SLURM_NODEID", "0") == "0":
+        sig = signal.Signals["SIG" + ns.signal_leader]
+        sent = []
+        for pid in step_tasks(ns.tag):
+            try:
+                os.kill(pid, sig)
+                sent.append(pid)
+            except ProcessLookupError:
+                continue
+        out["signalled"] = sent
+    if ns.sweep and (ns.tag or ns.tag_prefix):
+        out["sweep"] = sweep(out["members"], ns.kill_timeout)
+    if ns.port_holders:
+        out["port_holders"] = port_holders(ns.port_holders)
+    if not ns.no_gpus:
+        probe = gpu_probe(ns)
+        try:
+            out["gpus"] = gpus_json(probe)
+        except GpuQueryError as exc:
+            out["gpu_error"] = str(exc)
+        finally:
+            probe.close()
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    print(json.dumps(answer(ns), separators=(",", ":")), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

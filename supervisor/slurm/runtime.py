@@ -1,0 +1,39 @@
+"""Wiring the slurm launcher: the allocation, the per-node probe, the merged GPU probe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from supervisor.backend import Backend
+from supervisor.config import Settings
+from supervisor.slurm.allocation import require_allocation
+from supervisor.slurm.launcher import SlurmProcessOps
+from supervisor.slurm.probe import NodeRunner, SlurmGpuProbe
+
+
+def slurm_backend(
+    settings: Settings, backend: Backend, cwd: Path | None
+) -> tuple[Backend, SlurmProcessOps]:
+    """``backend`` with its GPU probe replaced by every node's (the simulated GPUs of each
+    node under ``<registry>/<node>``), and the ``ProcessOps`` launching one job step.
+
+    Raises ``NotInAllocation`` outside a Slurm allocation."""
+    allocation = require_allocation(settings.slurm.scontrol)
+    probe_args: tuple[str, ...] = ()
+    if backend.name == "simulated":
+        sim = settings.sim
+        backend.env["SGLANG_SIM_GPU_DIR_PER_NODE"] = "1"
+        probe_args = (
+            "--sim-registry",
+            backend.env["SGLANG_SIM_GPU_DIR"],
+            "--sim-gpus",
+            str(sim.gpus),
+            "--sim-mib",
+            str(sim.gpu_memory_mib),
+            "--sim-baseline-mib",
+            str(sim.baseline_mib),
+        )
+    runner = NodeRunner(settings.slurm, allocation.job_id, allocation.nodes, probe_args)
+    backend.probe = SlurmGpuProbe(runner, backend.probe.kind)
+    procs = SlurmProcessOps(settings.slurm, allocation, runner, cwd=cwd)
+    return backend, procs

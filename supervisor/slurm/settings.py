@@ -1,0 +1,133 @@
+"""The ``[slurm]`` settings and the one rule for the node levers.
+
+``nnodes`` is a lever (the nodes the server spans, at most the allocation's); each node's
+``--node-rank`` and the group's ``--dist-init-addr`` are rendered by the launcher
+(``supervisor.slurm.task``), never set by a lever. On the local launcher a server spans
+one host: ``nnodes`` > 1 is refused there.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Launcher = Literal["local", "slurm"]
+
+
+class SlurmSettings(BaseModel):
+    """The ``[slurm]`` table: how the server's job step is launched."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Slurm's commands (a full path where they are not on PATH).
+    srun: str = "srun"
+    scancel: str = "scancel"
+    scontrol: str = "scontrol"
+    #: The port of ``--dist-init-addr`` on the first node (SGLang's rendezvous).
+    dist_init_port: int = Field(29500, ge=1, le=65535)
+    #: Extra options of the server's ``srun`` (e.g. ``["--gres=gpu:8", "--exclusive"]``).
+    extra_args: list[str] = Field(default_factory=list)
+    #: Extra options of the per-node probes' ``srun --overlap``: where cgroups hide the
+    #: GPUs from a step without them (``ConstrainDevices``), e.g. ``["--gres=gpu:8"]``.
+    probe_args: list[str] = Field(default_factory=list)
+    #: How long one per-node probe or sweep (``srun --overlap``) may take.
+    probe_timeout_s: float = Field(30.0, gt=0)
+
+
+#: The levers the slurm launcher owns, and why.
+OWNED_NODE_LEVERS: dict[str, str] = {
+    "node_rank": "each node's task renders --node-rank from its SLURM_NODEID",
+    "dist_init_addr": "the launcher renders --dist-init-addr from the allocation's first node "
+    "and slurm.dist_init_port",
+}
+
+
+def _int(levers: Mapping[str, Any], name: str) -> int:
+    value = levers.get(name)
+    if value is None or isinstance(value, bool):
+        return 1
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 1
+
+
+def node_lever_problems(
+    levers: Mapping[str, Any],
+    launcher: Launcher,
+    *,
+    allocation_nodes: int | None,
+    gpus_per_node: int | None = None,
+) -> list[tuple[str, str]]:
+    """``(lever, message)`` for every node lever ``launcher`` cannot launch (the one rule).
+
+    ``allocation_nodes``: the nodes of the daemon's Slurm allocation (None: unknown);
+    ``gpus_per_node``: the managed GPUs of one node (None: unchecked).
+    """
+    nnodes = _int(levers, "nnodes")
+    problems: list[tuple[str, str]] = []
+    if launcher == "local":
+        if nnodes > 1:
+            problems.append(
+                (
+                    "nnodes",
+                    f"--nnodes {nnodes}: a server that spans hosts needs "
+                    'server.launcher = "slurm" (the daemon in a Slurm allocation launches it '
+                    "as one job step; docs/slurm.md); this launcher starts one host's "
+                    "processes only",
+                )
+            )
+        return problems
+    for name, why in OWNED_NODE_LEVERS.items():
+        if levers.get(name) is not None:
+            problems.append((name, f"cannot be set by a lever under launcher slurm: {why}"))
+    if allocation_nodes is not None and nnodes > allocation_nodes:
+        problems.append(
+            (
+                "nnodes",
+                f"--nnodes {nnodes} is more than the {allocation_nodes} nodes of this Slurm "
+                f"allocation (job {os.environ.get('SLURM_JOB_ID', '?')}); ask for at most "
+                f"{allocation_nodes}, or run the daemon in a larger allocation (sbatch -N)",
+            )
+        )
+    ranks = _int(levers, "tp_size") * _int(levers, "pp_size")
+    # SGLang 0.5.23 refuses this too (arg_groups/validation_hook.py:178-181, "tp_size must
+    # be divisible by number of nodes"); said here with the fix, and where no SGLang runs.
+    if ranks % nnodes:
+        problems.append(
+            (
+                "nnodes",
+                f"tp_size × pp_size = {ranks} ranks do not split evenly over --nnodes {nnodes} "
+                "(SGLang places tp×pp/nnodes ranks on each node); pick nnodes dividing "
+                f"{ranks}",
+            )
+        )
+    elif gpus_per_node is not None and ranks // nnodes > gpus_per_node:
+        problems.append(
+            (
+                "tp_size",
+                f"{ranks} ranks over {nnodes} node(s) put {ranks // nnodes} on each node, "
+                f"but each node has {gpus_per_node} managed GPUs; raise nnodes or lower "
+                "tp_size/pp_size",
+            )
+        )
+    return problems
+
+
+def check_node_levers(
+    levers: Mapping[str, Any],
+    launcher: Launcher,
+    managed_count: int,
+    env: Mapping[str, str] | None = None,
+) -> list[tuple[str, str]]:
+    """``node_lever_problems`` with this daemon's facts: the allocation's node count from
+    Slurm's environment, and its managed GPUs (every node's, ``supervisor.slurm.probe``)
+    shared evenly among the nodes."""
+    from supervisor.slurm.allocation import allocation_nodes
+
+    nodes = allocation_nodes(env) if launcher == "slurm" else None
+    per_node = managed_count // nodes if nodes else None
+    return node_lever_problems(levers, launcher, allocation_nodes=nodes, gpus_per_node=per_node)

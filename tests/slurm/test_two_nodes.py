@@ -1,0 +1,260 @@
+"""One server across the two nodes of the test cluster, through the real daemon in
+--simulate mode with launcher = "slurm": tp_size 16, nnodes 2, 8 simulated GPUs per node.
+
+What a user sees: one job step with a task per node; every node's GPUs held by our ranks;
+a lever change stops the group leader first (node 1 leaves on node 0's shutdown
+broadcast, never on a SIGTERM of its own) and starts a new step; a rank SIGKILLed on the
+second node brings the whole group back (no half group); a foreign process on the second
+node's GPU refuses the change naming the node and the pid; a plain ``scancel`` of the
+job leaves nothing on any node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from supervisor.sim.gpus import sim_gpu_uuid
+from tests.helpers import Daemon, tagged_processes, wait_until
+from tests.slurm.test_slurm_daemon import server_info, slurm_daemon, step_names, stop_and_check
+from tests.slurmkit import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+LEVERS = {"tp_size": 16, "nnodes": 2}
+
+
+@pytest.fixture(scope="module")
+def group(
+    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Daemon, str]]:
+    with slurm_cluster.allocation(2) as job:
+        d = slurm_daemon(slurm_cluster, job, tmp_path_factory.mktemp("group"), LEVERS, gpus=8)
+        t0 = time.monotonic()
+        try:
+            d.start()
+            print(f"\ntwo-node start (daemon start to ready): {time.monotonic() - t0:.2f}s")
+            yield d, job
+        finally:
+            stop_and_check(slurm_cluster, job, d)
+
+
+def holders(s: dict[str, Any]) -> list[list[int]]:
+    return [[p["pid"] for p in g["processes"] if p["member"]] for g in s["gpus"]]
+
+
+def test_one_step_and_every_nodes_gpus_held(
+    slurm_cluster: SlurmCluster, group: tuple[Daemon, str]
+) -> None:
+    d, job = group
+    s = d.status()
+    assert s["state"] == "ready"
+    assert step_names(slurm_cluster, job) == [s["server"]["launch_tag"]]
+    assert len(s["gpus"]) == 16
+    assert [g["node"] for g in s["gpus"]] == ["n1"] * 8 + ["n2"] * 8
+    assert s["gpus"][8]["uuid"] == "n2/GPU-00000000-5151-4000-8000-000000000000"
+    assert [(n["name"], n["gpus"]) for n in s["nodes"]] == [
+        ("n1", list(range(8))),
+        ("n2", list(range(8, 16))),
+    ]
+    assert all(n["memory_used_bytes"] > 0 for n in s["nodes"])
+    metrics = d.client.get("/metrics").text
+    assert 'sglang_supervisor_gpu_memory_used_bytes{gpu="13",node="n2"}' in metrics
+    assert all(len(h) == 1 for h in holders(s)), holders(s)
+
+
+def test_status_page_shows_the_gpus_node_by_node(group: tuple[Daemon, str]) -> None:
+    from tests.cdp import Browser, find_chromium
+
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("needs Debian's chromium (scripts/test.sh installs it)")
+    d, _ = group
+    browser = Browser(chromium)
+    try:
+        p = browser.page()
+        p.goto(d.url + "/")
+        p.wait("document.querySelectorAll('#gpus .gpu').length === 16", 30, "16 GPUs shown")
+        heads = p.js("[...document.querySelectorAll('#gpus .node-head')].map(e => e.innerText)")
+        assert heads == ["node n1", "node n2"]
+        # Each heading comes right before its node's first GPU.
+        first = p.js(
+            "[...document.querySelectorAll('#gpus .node-head')]"
+            ".map(e => e.nextElementSibling.dataset.index)"
+        )
+        assert first == ["0", "8"]
+    finally:
+        browser.close()
+
+
+def test_apply_stops_the_leader_first_and_starts_a_new_step(
+    slurm_cluster: SlurmCluster, group: tuple[Daemon, str]
+) -> None:
+    d, job = group
+    before = d.status()["server"]
+    t0 = time.monotonic()
+    op = d.apply({"mem_fraction_static": 0.8}).json()["operation"]
+    print(f"\ntwo-node apply (POST /levers?wait=true): {time.monotonic() - t0:.2f}s")
+    assert op["state"] == "succeeded", op
+    after = d.status()
+    assert after["server"]["launch_tag"] != before["launch_tag"]
+    assert step_names(slurm_cluster, job) == [after["server"]["launch_tag"]]
+    assert server_info(d)["mem_fraction_static"] == 0.8
+    assert all(len(h) == 1 for h in holders(after))
+    old_log = Path(before["log_path"]).read_text()
+    assert "Shutdown broadcast from node 0: stopping" in old_log
+    assert "Received SIGTERM on node 1" not in old_log
+
+
+def test_foreign_process_on_the_second_node_refuses_naming_node_and_pid(
+    group: tuple[Daemon, str],
+) -> None:
+    d, _ = group
+    pid = d.status()["server"]["pid"]
+    foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        entry = {
+            "pid": foreign.pid,
+            "create_time": psutil.Process(foreign.pid).create_time(),
+            "gpu_uuid": sim_gpu_uuid(5),
+            "bytes": 10 * 2**30,
+        }
+        registry = d.dir / "state" / "sim-gpus" / "n2"
+        (registry / f"{foreign.pid}.json").write_text(json.dumps(entry))
+        r = d.apply({"mem_fraction_static": 0.75})
+        assert r.status_code == 422, r.text
+        assert f"pid {foreign.pid} holds 10.0 GiB on GPU 13 (node n2)" in r.text
+        assert d.status()["server"]["pid"] == pid
+        assert foreign.poll() is None, "a foreign process must never be killed"
+    finally:
+        foreign.kill()
+        foreign.wait(10)
+
+
+def test_a_foreign_listener_on_the_rendezvous_port_refuses_naming_port_and_pid(
+    group: tuple[Daemon, str],
+) -> None:
+    d, _ = group
+    port = tomllib.loads(d.config_path.read_text())["slurm"]["dist_init_port"]
+    assert d.client.post("/stop", params={"wait": "true"}).json()["operation"]["state"] == (
+        "succeeded"
+    )
+    with socket.create_server(("127.0.0.1", port)):
+        r = d.apply({"mem_fraction_static": 0.78})
+        assert r.status_code == 422, r.text
+        problem = r.json()["detail"]["problems"][0]
+        assert problem["lever"] == "slurm.dist_init_port"
+        assert f"port {port} on node n1" in problem["message"]
+        assert f"pid {os.getpid()}" in problem["message"]
+        assert d.status()["state"] == "stopped"
+    op = d.client.post("/start", params={"wait": "true"}).json()["operation"]
+    assert op["state"] == "succeeded", op
+
+
+def test_an_apply_failing_at_start_rolls_the_group_back(
+    slurm_cluster: SlurmCluster, group: tuple[Daemon, str]
+) -> None:
+    d, job = group
+    before = d.status()
+    op = d.apply({"mem_fraction_static": 0.7}, env={"SGLANG_SIM_FAULTS": "crash_on_start"})
+    done = op.json()["operation"]
+    assert done["state"] == "rolled_back", done
+    s = d.status()
+    assert s["state"] == "ready" and s["levers"] == before["levers"]
+    assert server_info(d)["mem_fraction_static"] == before["levers"]["mem_fraction_static"]
+    assert step_names(slurm_cluster, job) == [s["server"]["launch_tag"]]
+    assert all(len(h) == 1 for h in holders(s)), holders(s)
+
+
+def test_a_rank_killed_on_the_second_node_brings_the_whole_group_back(
+    slurm_cluster: SlurmCluster, group: tuple[Daemon, str]
+) -> None:
+    d, job = group
+    before = d.status()
+    old = {p for h in holders(before) for p in h}
+    victim = holders(before)[12][0]  # a rank on n2
+    t0 = time.monotonic()
+    psutil.Process(victim).kill()
+
+    def back() -> dict[str, Any] | None:
+        s = d.status_or_none()
+        if (
+            s
+            and s["state"] == "ready"
+            and s["operation"] is None  # the recovery has ended (counted, committed)
+            and s["server"]["launch_tag"] != before["server"]["launch_tag"]
+        ):
+            return s
+        return None
+
+    s = wait_until(back, 90, 0.1, "the group back and ready")
+    print(f"\ntwo-node group recovery after a rank's SIGKILL on n2: {time.monotonic() - t0:.2f}s")
+    assert step_names(slurm_cluster, job) == [s["server"]["launch_tag"]]
+    assert all(len(h) == 1 for h in holders(s))
+    # No half group: every rank of the old group, on both nodes, is gone.
+    assert not [p for p in old if psutil.pid_exists(p)]
+
+
+def test_scancel_of_the_job_leaves_nothing_on_any_node(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    with slurm_cluster.allocation(2) as job:
+        d = slurm_daemon(slurm_cluster, job, tmp_path, {"tp_size": 4, "nnodes": 2})
+        try:
+            d.start()
+            assert d.status()["state"] == "ready"
+            got = slurm_cluster.run(["scancel", job])
+            assert got.returncode == 0, got.stderr
+            wait_until(lambda: tagged_processes(d.instance) == [], 30, 0.1, "nothing left")
+            assert slurm_cluster.steps(job) == []
+            # The daemon says what happened rather than serving a half group.
+            s = d.wait_state("failed", 120)
+            print(f"\nafter scancel: {s['state']}: {s['state_reason'][:300]}")
+        finally:
+            if d.proc is not None and d.proc.poll() is None:
+                d.stop()
+            d.client.close()
+        assert tagged_processes(d.instance) == []
+
+
+def test_daemon_sigterm_while_the_group_starts_leaves_nothing(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """A shutdown in the middle of a two-node start: the daemon stops the half-started
+    group (every node), exits 0, and no step or process of ours is left."""
+    with slurm_cluster.allocation(2) as job:
+        # A long model load: the group is still starting when the daemon is stopped.
+        d = slurm_daemon(
+            slurm_cluster, job, tmp_path, {"tp_size": 4, "nnodes": 2}, sim={"startup_s": 30}
+        )
+        try:
+            d.start(wait_ready=False)
+            wait_until(
+                lambda: (
+                    (s := d.status_or_none()) is not None
+                    and s["state"] == "starting"
+                    and s["server"] is not None
+                ),
+                60,
+                0.1,
+                "the group starting",
+            )
+            wait_until(lambda: step_names(slurm_cluster, job) != [], 30, 0.1, "the step")
+            t0 = time.monotonic()
+            assert d.status()["state"] == "starting"
+            assert d.stop() == 0, d.log()
+            print(f"\ndaemon stop during a two-node start: {time.monotonic() - t0:.2f}s")
+            assert slurm_cluster.steps(job) == []
+            assert tagged_processes(d.instance) == []
+        finally:
+            stop_and_check(slurm_cluster, job, d)
