@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from supervisor.backend import ServerHandle
 from supervisor.engine import persisted as persisted_levers
 from supervisor.engine import routing
-from supervisor.engine.checks import check_sglang, gpu_facts, refuse_if_foreign, warm_resolution
+from supervisor.engine.checks import refuse_if_foreign
 from supervisor.engine.probation import watch_probation
 from supervisor.engine.server import (
     Cancelled,
@@ -29,6 +29,7 @@ from supervisor.engine.server import (
 )
 from supervisor.engine.sglang_info import after_schema
 from supervisor.engine.transaction import commit, recover, roll_back
+from supervisor.engine.validation import check_sglang, gpu_facts, warm_resolution
 from supervisor.gpu import GpuInfo, GpuQueryError, resolve_gpus
 from supervisor.levers import LeverError, LeverSet, check_levers
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
