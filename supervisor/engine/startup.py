@@ -15,6 +15,7 @@ from supervisor.engine import persisted as persisted_levers
 from supervisor.engine import routing
 from supervisor.engine.checks import refuse_if_foreign
 from supervisor.engine.probation import watch_probation
+from supervisor.engine.rollback import roll_back
 from supervisor.engine.server import (
     Cancelled,
     ServerInfo,
@@ -28,7 +29,7 @@ from supervisor.engine.server import (
     wait_ready,
 )
 from supervisor.engine.sglang_info import after_schema
-from supervisor.engine.transaction import commit, recover, roll_back
+from supervisor.engine.transaction import commit, recover
 from supervisor.engine.validation import check_sglang, gpu_facts, warm_resolution
 from supervisor.gpu import GpuInfo, GpuQueryError, resolve_gpus
 from supervisor.levers import LeverError, LeverSet, check_levers

@@ -19,7 +19,7 @@ from typing import Any
 
 from supervisor.backend import Backend, ProcessOps
 from supervisor.config import Settings, instance_tag_prefix
-from supervisor.engine import checks, startup, transaction
+from supervisor.engine import checks, rollback, startup, transaction
 from supervisor.engine.errors import NoSuchOperation, NotCancellable, OperationFinished
 from supervisor.engine.journal import Journal
 from supervisor.engine.registry import MAX_OPERATIONS, OperationRegistry
@@ -272,7 +272,7 @@ class Supervisor:
     # -------------------------------------------------------------- operations
 
     async def _contain(self, op: Operation, exc: Exception) -> None:
-        await transaction.contain_or_fail(self, op, exc)
+        await rollback.contain_or_fail(self, op, exc)
 
     def _preempt_backoff(self) -> None:
         """An operator's request wins over a restart that is only waiting out its backoff."""
