@@ -263,7 +263,7 @@ class Resolver:
         timeout_s: float = 120,
     ) -> dict[str, Any]:
         """Which SGLang the helper for this environment imported: ``version``, ``path``
-        and the ``missing`` entry points (``resolve_probe.ENTRY_POINTS``). Blocks until
+        and the ``missing`` entry points (``probe_serve.ENTRY_POINTS``). Blocks until
         it has imported SGLang (seconds). Raises ``ParserUnavailable``."""
         helper = self._helper(python, env, cwd, gpu)
         with helper.lock:

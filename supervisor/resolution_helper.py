@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 PROBE_SOURCE = Path(__file__).with_name("resolve_probe.py")
 #: Checks the probe runs before SGLang's resolution (paths, JSON, the model's config).
 CHECKS_SOURCE = Path(__file__).with_name("probe_checks.py")
+#: The probe's warm mode (``--serve``): one import, then a fork per request.
+SERVE_SOURCE = Path(__file__).with_name("probe_serve.py")
 _READY = "@@READY@@"
 _ANSWER = "@@RESOLVE@@"
 #: Warm helpers kept at once (one per environment that a fork cannot take on).
@@ -43,12 +45,15 @@ FORK_ENV_PREFIXES = ("SGLANG_", "SGL_", "NCCL_")
 
 
 def probe_source() -> str:
-    """The ``-c`` program: ``resolve_probe.py`` with ``probe_checks.py`` placed before its
-    entry point (one program: the server's interpreter cannot import this package)."""
+    """The ``-c`` program: ``resolve_probe.py`` with ``probe_checks.py`` then
+    ``probe_serve.py`` placed, in that order, before its entry point (one program: the
+    server's interpreter cannot import this package)."""
     probe = PROBE_SOURCE.read_text()
-    checks = CHECKS_SOURCE.read_text().replace("from __future__ import annotations\n", "")
+    future = "from __future__ import annotations\n"
+    checks = CHECKS_SOURCE.read_text().replace(future, "")
+    serve = SERVE_SOURCE.read_text().replace(future, "")
     head, main = probe.rsplit('\nif __name__ == "__main__":', 1)
-    return f'{head}\n{checks}\nif __name__ == "__main__":{main}'
+    return f'{head}\n{checks}\n{serve}\nif __name__ == "__main__":{main}'
 
 
 class _Helper:
