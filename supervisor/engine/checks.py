@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from supervisor import preflight as host_preflight
 from supervisor.engine.errors import Busy
-from supervisor.engine.server import members_now
+from supervisor.engine.release import members_now
 from supervisor.engine.validation import not_run_of, validate_with_sglang
 from supervisor.gpu import FOREIGN_ADVICE, GpuQueryError, GpuSample, foreign_holders
 from supervisor.levers import (

@@ -10,11 +10,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from supervisor.engine import routing
-from supervisor.engine.server import (
-    Cancelled,
-    launch_until_ready,
-    stop_and_release,
-)
+from supervisor.engine.release import stop_and_release
+from supervisor.engine.server import Cancelled, launch_until_ready
 from supervisor.levers import LeverSet
 from supervisor.operations import FAILED, ROLLED_BACK, Operation
 from supervisor.phases import OpKind, PhaseName, PhasePrefix, prefixed

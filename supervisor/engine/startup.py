@@ -15,6 +15,7 @@ from supervisor.engine import persisted as persisted_levers
 from supervisor.engine import routing
 from supervisor.engine.checks import refuse_if_foreign
 from supervisor.engine.probation import watch_probation
+from supervisor.engine.release import members_now, stop_and_release, teardown
 from supervisor.engine.rollback import roll_back
 from supervisor.engine.server import (
     Cancelled,
@@ -23,9 +24,6 @@ from supervisor.engine.server import (
     checkpoint,
     judge_hung,
     launch_until_ready,
-    members_now,
-    stop_and_release,
-    teardown,
     wait_ready,
 )
 from supervisor.engine.sglang_info import after_schema

@@ -22,10 +22,8 @@ from supervisor.config import Settings, instance_tag_prefix
 from supervisor.engine import checks, operator_requests, rollback, startup, transaction
 from supervisor.engine.journal import Journal
 from supervisor.engine.registry import OperationRegistry
-from supervisor.engine.server import (
-    ServerInfo,
-    teardown_budget,
-)
+from supervisor.engine.release import teardown_budget
+from supervisor.engine.server import ServerInfo
 from supervisor.engine.sglang_info import SglangInfo
 from supervisor.engine.sglang_info import before_start as sglang_before_start
 from supervisor.engine.view import MembersCache, SupervisorView, gpu_status, snapshot

@@ -15,15 +15,14 @@ from typing import TYPE_CHECKING
 
 from supervisor.engine import routing
 from supervisor.engine.checks import refuse_if_foreign
+from supervisor.engine.release import members_now, stop_and_release
 from supervisor.engine.rollback import roll_back
 from supervisor.engine.server import (
     SHUTDOWN_REASON,
     Cancelled,
     checkpoint,
     launch_until_ready,
-    members_now,
     pause,
-    stop_and_release,
 )
 from supervisor.levers import LeverSet
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
