@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api import page, plan, routes
+from api import event_routes, page, plan, routes
 from api.auth import ApiAccess, GuardMiddleware
 from api.openapi import build_openapi
 from api.request_guard import BrowserGuardMiddleware, HostPolicy, known_query
@@ -50,6 +50,7 @@ def create_app(
     app.state.closing = asyncio.Event()
     supervisor.on_operation_end.append(log_operation_end)
     app.include_router(routes.router)
+    app.include_router(event_routes.router)
     app.include_router(plan.router)
     app.include_router(page.router)
 

@@ -21,7 +21,6 @@ import contextlib
 import logging
 import logging.handlers
 import os
-import queue
 import signal
 import socket
 import sys
@@ -35,6 +34,7 @@ from fastapi import FastAPI
 
 from api.app import close_streams, create_app
 from api.audit import flush_suppressed
+from api.audit_file import _audit_to_file
 from api.auth import AuthConfigError, check_listen, load_token
 from api.daemon_signals import DaemonSignals, process_signals
 from api.instance_lock import InstanceBusy, accept_and_close, hold_instance
@@ -76,40 +76,6 @@ def keep_server_on_exit(settings: Settings) -> bool:
     if env:
         return env in ("1", "true", "yes")
     return settings.keep_server_on_exit
-
-
-class _NoFollowRotatingHandler(logging.handlers.RotatingFileHandler):
-    """A rotating log that never writes through a symbolic link planted under its name
-    (the daemon may run as root): created 0600 with ``O_NOFOLLOW``."""
-
-    def _open(self) -> Any:
-        # The handler owns the stream and closes it.
-        name, mode = self.baseFilename, self.mode
-        return open(name, mode, encoding=self.encoding, errors=self.errors, opener=_nofollow)
-
-
-def _nofollow(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW, 0o600)
-
-
-def _audit_to_file(settings: Settings) -> logging.handlers.QueueListener:
-    """Mutating calls also go to ``<state_dir>/audit.log`` (JSON lines), written by a
-    thread of their own: a route only queues its record (a write and a rotation are
-    disk work, never done on the event loop). ``stop()`` the returned listener at exit:
-    it writes what is still queued."""
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
-    # Bounded: refused calls are audited too, and anyone who reaches the port can make them.
-    handler = _NoFollowRotatingHandler(
-        settings.state_dir / "audit.log", maxBytes=16 << 20, backupCount=3
-    )
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    listener = logging.handlers.QueueListener(records, handler)
-    listener.start()
-    audit = logging.getLogger("supervisor.audit")
-    audit.addHandler(logging.handlers.QueueHandler(records))
-    audit.setLevel(logging.INFO)
-    return listener
 
 
 async def _notify_when_listening(server: uvicorn.Server, sup: Supervisor) -> None:

@@ -25,8 +25,8 @@ from api.routes import SupervisorDep
 from supervisor import planner, preflight
 from supervisor.backend import Backend
 from supervisor.engine import SupervisorView
-from supervisor.engine.checks import gpu_facts
 from supervisor.engine.server import flags, server_env
+from supervisor.engine.validation import gpu_facts
 from supervisor.layout import Layout
 from supervisor.levers import LeverSet
 from supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError

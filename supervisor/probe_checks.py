@@ -1,7 +1,7 @@
 """Checks of path- and JSON-valued levers and of the model's config, run *inside the
 server's interpreter* as part of SGLang's resolution probe.
 
-``supervisor.resolution`` sends this source ahead of ``resolve_probe.py`` (one ``-c``
+``supervisor.resolution_helper`` sends this source with ``resolve_probe.py`` (one ``-c``
 program), so it imports nothing but the standard library (and, lazily, SGLang and
 huggingface_hub, which the server's environment has). Relative paths resolve against the
 server's working directory and ``HF_HOME``/``HUGGINGFACE_HUB_CACHE`` are the server's:
@@ -19,7 +19,7 @@ import re
 import tempfile
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # at run time: the same -c program (resolution.probe_source)
+if TYPE_CHECKING:  # at run time: the same -c program (resolution_helper.probe_source)
     from supervisor.resolve_probe import _stages
 
 #: A Hugging Face repo id (huggingface_hub's validate_repo_id: ``name`` or

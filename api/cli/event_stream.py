@@ -9,7 +9,8 @@ from typing import Self
 
 import httpx
 
-from api.cli.client import Client, ClientError, Json, NotFound, StreamUnavailable
+from api.cli.client import Client, Json
+from api.cli.client_errors import ClientError, NotFound, StreamUnavailable
 
 
 def open_event_stream(

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from api.cli import render_live
-from api.cli.client import Client, ClientError, Json
+from api.cli.client import Client, Json
+from api.cli.client_errors import ClientError
 from api.cli.event_stream import EventStream, open_event_stream
 from api.cli.server_log import ServerLogTail
 

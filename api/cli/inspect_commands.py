@@ -7,7 +7,8 @@ import json
 import sys
 import time
 
-from api.cli.client import Client, ClientError, LogText, NotFound
+from api.cli.client import Client, LogText
+from api.cli.client_errors import ClientError, NotFound
 from api.cli.event_stream import open_event_stream
 from api.cli.exits import EXIT_ERROR, EXIT_OK, UsageError
 from api.cli.follow import SeqFilter

@@ -9,7 +9,8 @@ import contextlib
 import math
 import sys
 
-from api.cli.client import Client, ClientError, Ended, Json
+from api.cli.client import Client, Json
+from api.cli.client_errors import ClientError, Ended
 from api.cli.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, UsageError, outcome_exit
 from api.cli.follow import OperationFollower
 from api.cli.levers_input import lever_changes_from_args

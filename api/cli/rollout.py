@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from api.cli.client import Busy, Client, ClientError, Invalid, Json, resolve_token
+from api.cli.client import Client, Json, resolve_token
+from api.cli.client_errors import Busy, ClientError, Invalid
 from api.cli.exits import (
     EXIT_BUSY,
     EXIT_ERROR,

@@ -7,7 +7,8 @@ import argparse
 import contextlib
 from collections.abc import Callable
 
-from api.cli.client import Busy, Client, ClientError, Invalid
+from api.cli.client import Client
+from api.cli.client_errors import Busy, ClientError, Invalid
 from api.cli.exits import EXIT_BUSY, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_INVALID, UsageError
 from api.cli.options import client_from_args
 from api.cli.output import err, err_detail, print_json

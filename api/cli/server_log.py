@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from api.cli.client import Client, ClientError, NotFound
+from api.cli.client import Client
+from api.cli.client_errors import ClientError, NotFound
 from api.cli.render_live import log_line
 from api.cli.text import terminal_width
 

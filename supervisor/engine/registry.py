@@ -36,7 +36,7 @@ class OperationRegistry:
     ) -> None:
         self.events = events
         self.journal = journal
-        #: Called when an operation raised what no step handles (see transaction.contain).
+        #: Called when an operation raised what no step handles (see rollback.contain).
         self.contain = contain
         self.kept: dict[str, Operation] = {}
         self.current: Operation | None = None

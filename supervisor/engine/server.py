@@ -1,5 +1,5 @@
-"""One server launch: spawn it until ready, watch its probation, explain its exit, and
-stop it and verify its GPUs released.
+"""One server launch: spawn it until ready, watch its probation, explain its exit (its
+stop and the verified release of its GPUs: ``engine.release``).
 
 Every OS step (spawn, teardown, the release wait) runs in a worker thread and is never
 cancelled midway: a shutdown or an operator's cancel is noticed at the next phase
@@ -19,18 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from supervisor import diskspace, preflight, serverlogs
+from supervisor import diskspace, serverlogs
 from supervisor.backend import ServerHandle
 from supervisor.engine import ownership
-from supervisor.gpu import FOREIGN_ADVICE, GpuSample, cuda_visible_devices, wait_released
+from supervisor.gpu import cuda_visible_devices
 from supervisor.levers import LeverSet, render_argv
 from supervisor.operations import FAILED, SUCCEEDED, Operation, wall_iso
 from supervisor.phases import PhaseName
 from supervisor.serverenv import server_environ
 from supervisor.states import ServerState
-from supervisor.teardown import TeardownReport
 from supervisor.telemetry import tail_lines
-from supervisor.units import GiB, MiB
 
 if TYPE_CHECKING:
     from supervisor.engine.supervisor import Supervisor
@@ -271,125 +269,3 @@ async def exit_reason(handle: ServerHandle, when: str) -> str:
         line = next((ln for ln in reversed(tail) if "error:" in ln), "")
         why += f"; it rejected its arguments: {line.strip()}"
     return why
-
-
-# ----------------------------------------------------------- stop and release
-
-
-def members_now(sup: Supervisor) -> set[int]:
-    """Pids of every process of ours (blocking: a /proc scan)."""
-    handle = sup.server.handle if sup.server is not None else None
-    return sup.procs.members(handle, tag=None, tag_prefix=sup.tag_prefix)
-
-
-async def teardown(
-    sup: Supervisor, handle: ServerHandle | None, *, exclude_tag: str | None = None
-) -> TeardownReport:
-    """The staged stop (``supervisor.teardown``): SIGTERM to the launcher alone and up to
-    ``stop_grace_s`` for it to drain and exit (no wait when the shutdown is forced, also
-    once it is forced in the middle of that wait), then SIGTERM to every member left,
-    SIGKILL to the survivors. Every process of this instance goes (but the launch tagged
-    ``exclude_tag``: one being adopted). Runs to its end in a worker thread."""
-    t = sup.settings.timeouts
-    return await asyncio.to_thread(
-        sup.procs.teardown,
-        handle,
-        tag=None if handle is None else handle.tag,
-        tag_prefix=sup.tag_prefix,
-        exclude_tag=exclude_tag,
-        grace_s=0.0 if sup.shutdown_forced else t.stop_grace_s,
-        kill_timeout_s=t.kill_timeout_s,
-        # A second shutdown request during the grace period: SIGKILL now.
-        cut_grace=lambda: sup.shutdown_forced,
-    )
-
-
-def release_timeout(sup: Supervisor, levers: LeverSet | None) -> float:
-    """How long GPU memory may take to come back: longer for a pinned host pool."""
-    t = sup.settings.timeouts
-    if levers is None:
-        return t.release_timeout_s
-    gpu_total = min((g.memory_total_bytes for g in sup.managed), default=0)
-    pinned_gib = preflight.pinned_host_bytes(levers.levers, gpu_total) / GiB
-    return t.release_timeout_s + t.release_s_per_pinned_gib * pinned_gib
-
-
-def teardown_budget(sup: Supervisor) -> float:
-    """The longest a shutdown may take: the rest of a drain in progress (unless forced),
-    grace + kill wait + release (pinned memory)."""
-    t = sup.settings.timeouts
-    levers = sup.server.levers if sup.server is not None else None
-    drain = 0.0
-    if sup.drain_deadline is not None and not sup.shutdown_forced:
-        drain = max(0.0, sup.drain_deadline - sup.clock())
-    return drain + t.stop_grace_s + t.kill_timeout_s + release_timeout(sup, levers)
-
-
-async def stop_and_release(
-    sup: Supervisor, op: Operation, reason: str, then: ServerState, prefix: str = ""
-) -> bool:
-    """stopping -> releasing -> ``then`` (or failed). Returns whether GPUs are released.
-
-    The staged stop (``teardown``: the launcher drains within ``stop_grace_s``, then
-    SIGTERM to the members left, then SIGKILL), then wait until every managed GPU shows
-    no member and baseline memory. Never interrupted: a cancel or shutdown request waits
-    for it to end.
-    """
-    if sup.state not in (S.STOPPING, S.RELEASING):
-        sup.transition(S.STOPPING, reason)
-    handle = sup.server.handle if sup.server is not None else None
-    levers = sup.server.levers if sup.server is not None else None
-    ph = op.phase(prefix + PhaseName.STOP)
-    report = await teardown(sup, handle)
-    ph.end(SUCCEEDED if report.clean else FAILED, report.describe())
-    sup.events.publish("teardown", operation=op.id, **report.to_json())
-    if sup.state == S.STOPPING:
-        sup.transition(S.RELEASING, reason)
-    ph = op.phase(prefix + PhaseName.RELEASE)
-    known = set(report.members)
-
-    def members() -> set[int]:
-        return known | {s.pid for s in report.survivors}
-
-    t = sup.settings.timeouts
-    loop = asyncio.get_running_loop()
-
-    def on_sample(samples: list[GpuSample]) -> None:
-        data = [{"index": s.index, "memory_used_bytes": s.memory_used_bytes} for s in samples]
-        loop.call_soon_threadsafe(
-            lambda: sup.events.publish("release_sample", operation=op.id, gpus=data)
-        )
-
-    baseline, tolerance = sup.baseline, t.release_tolerance_mib * MiB
-    if any(i not in baseline for i in sup.gpu_indices()):
-        # Never measured (the start failed before it could be): judge by member pids
-        # alone rather than call a GPU empty against a made-up baseline.
-        log.warning("no GPU baseline yet: release is judged by member processes only")
-        baseline, tolerance = {g.index: g.memory_total_bytes for g in sup.managed}, 0
-    result = await asyncio.to_thread(
-        wait_released,
-        sup.probe,
-        sup.gpu_indices(),
-        baseline,
-        members,
-        timeout_s=release_timeout(sup, levers),
-        tolerance_bytes=tolerance,
-        consecutive=t.release_samples,
-        interval_s=t.release_interval_s,
-        on_sample=on_sample,
-    )
-    sup.server = None
-    await sup.journal.record_gone()
-    if result.released:
-        ph.end(SUCCEEDED, result.describe())
-        sup.transition(then, f"{reason}: GPUs released")
-        return True
-    why = result.describe()
-    if report.survivors:
-        why += "; still alive: " + "; ".join(s.describe() for s in report.survivors)
-    foreign = sorted({p for g in result.gpus for p in g.foreign_pids})
-    if foreign and not result.blocked_by:  # blocked_by: describe() named them already
-        why += f"; processes not ours on the GPUs: pids {foreign}; {FOREIGN_ADVICE}"
-    ph.end(FAILED, why)
-    sup.transition(S.FAILED, why)
-    return False

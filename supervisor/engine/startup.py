@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING
 from supervisor.backend import ServerHandle
 from supervisor.engine import persisted as persisted_levers
 from supervisor.engine import routing
-from supervisor.engine.checks import check_sglang, gpu_facts, refuse_if_foreign, warm_resolution
+from supervisor.engine.checks import refuse_if_foreign
 from supervisor.engine.probation import watch_probation
+from supervisor.engine.release import members_now, stop_and_release, teardown
+from supervisor.engine.rollback import roll_back
 from supervisor.engine.server import (
     Cancelled,
     ServerInfo,
@@ -22,13 +24,11 @@ from supervisor.engine.server import (
     checkpoint,
     judge_hung,
     launch_until_ready,
-    members_now,
-    stop_and_release,
-    teardown,
     wait_ready,
 )
 from supervisor.engine.sglang_info import after_schema
-from supervisor.engine.transaction import commit, recover, roll_back
+from supervisor.engine.transaction import commit, recover
+from supervisor.engine.validation import check_sglang, gpu_facts, warm_resolution
 from supervisor.gpu import GpuInfo, GpuQueryError, resolve_gpus
 from supervisor.levers import LeverError, LeverSet, check_levers
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation

@@ -19,14 +19,11 @@ from typing import Any
 
 from supervisor.backend import Backend, ProcessOps
 from supervisor.config import Settings, instance_tag_prefix
-from supervisor.engine import checks, startup, transaction
-from supervisor.engine.errors import NoSuchOperation, NotCancellable, OperationFinished
+from supervisor.engine import checks, operator_requests, rollback, startup, transaction
 from supervisor.engine.journal import Journal
-from supervisor.engine.registry import MAX_OPERATIONS, OperationRegistry
-from supervisor.engine.server import (
-    ServerInfo,
-    teardown_budget,
-)
+from supervisor.engine.registry import OperationRegistry
+from supervisor.engine.release import teardown_budget
+from supervisor.engine.server import ServerInfo
 from supervisor.engine.sglang_info import SglangInfo
 from supervisor.engine.sglang_info import before_start as sglang_before_start
 from supervisor.engine.view import MembersCache, SupervisorView, gpu_status, snapshot
@@ -35,7 +32,7 @@ from supervisor.events import EventBus
 from supervisor.gpu import GpuInfo, GpuSample
 from supervisor.health import HealthChecker
 from supervisor.levers import LeverSet, canonical_names
-from supervisor.operations import SUCCEEDED, Operation
+from supervisor.operations import Operation
 from supervisor.phases import OpKind
 from supervisor.resolution import default_resolver
 from supervisor.router import NoRouter, WorkerLink
@@ -47,8 +44,6 @@ from supervisor.telemetry import Throughput
 
 log = logging.getLogger("supervisor")
 S = ServerState
-
-CANCEL_REASON = "cancelled by an operator (POST /operations/{id}/cancel)"
 
 TransitionHook = Callable[[ServerState, ServerState, str], None]
 
@@ -272,14 +267,7 @@ class Supervisor:
     # -------------------------------------------------------------- operations
 
     async def _contain(self, op: Operation, exc: Exception) -> None:
-        await transaction.contain_or_fail(self, op, exc)
-
-    def _preempt_backoff(self) -> None:
-        """An operator's request wins over a restart that is only waiting out its backoff."""
-        op = self.operation
-        if op is not None and checks.backing_off(self):
-            # Safe to cancel: in backoff the recovery only waits (no OS step runs).
-            self.ops.supersede(op, "superseded by an operator's request during backoff")
+        await rollback.contain_or_fail(self, op, exc)
 
     def on_crash(self, kind: str, reason: str) -> None:
         """The watcher saw the ready server exit (``crash``) or stop answering (``hung``)."""
@@ -308,21 +296,7 @@ class Supervisor:
         ``NotCancellable`` (HTTP 409) says so. Asking twice is asking once.
         Raises ``NoSuchOperation`` (unknown id) or ``OperationFinished`` (already ended).
         """
-        op = self.ops.kept.get(op_id)
-        if op is None:
-            raise NoSuchOperation(
-                f"no operation {op_id!r} (the daemon keeps the last {MAX_OPERATIONS})"
-            )
-        if op.finished:
-            raise OperationFinished(op)
-        if op.not_cancellable is not None and op.cancelled is None:
-            raise NotCancellable(op, op.not_cancellable)  # (a repeat of an honoured one: ok)
-        if op.cancel_requested is None and op.cancelled is None:
-            op.cancel_requested = CANCEL_REASON.format(id=op.id)
-            log.warning("operation %s (%s): cancel requested", op.id, op.kind)
-            self.events.publish("cancel", operation=op.id, op_kind=op.kind)
-            op.wake.set()
-        return op
+        return operator_requests.request_cancel(self, op_id)
 
     def requested_levers(
         self, levers: Mapping[str, Any], env: Mapping[str, Any], *, replace: bool = False
@@ -350,47 +324,21 @@ class Supervisor:
         the apply back. Raises ``LeverError`` (nothing touched) or ``Busy``. With
         ``dry_run`` the returned operation is already finished and nothing was touched.
         """
-        # A restart waiting out its backoff yields to the operator, but only once the
-        # request has been found valid (below): a typo must not cancel a recovery.
-        if not dry_run:
-            checks.refuse_if_busy(self)
-        requested = self.requested_levers(levers, env, replace=replace)
-        # LeverError when SGLang (or a host check) refuses: nothing is touched.
-        checked, passed, resolved, not_run = await checks.before_the_stop(self, requested)
-        unchanged = not force_restart and checks.serving_unchanged(self, checked)
-        if not unchanged and not without_router:
-            await checks.router_answers(self)  # LeverError
-        if dry_run:
-            op = Operation(kind=OpKind.APPLY, levers_requested=checked.to_json(), dry_run=True)
-            self.ops.keep(op)
-        else:
-            self._preempt_backoff()
-            op = self._begin(OpKind.APPLY, checked)  # Busy if another started meanwhile
-        op.not_run = not_run
-        op.resolved = resolved
-        for name, detail, took in passed:
-            ph = op.phase(name)
-            ph.duration_s = took
-            ph.end(SUCCEEDED, f"{detail} ({took * 1000:.1f} ms)")
-        if dry_run:
-            diff = self.levers.diff(checked)
-            op.levers_effective = self.levers.to_json()
-            op.finish(SUCCEEDED)
-            op.phases[-1].detail += f"; would change {', '.join(diff) or 'nothing'}"
-            if unchanged:
-                op.phases[-1].detail += " (the server would not be restarted)"
-            return op
-        if unchanged:
-            self.ops.run(op, transaction.keep_serving(self, op))
-            return op
-        drain = min(max(0.0, drain_timeout_s), self.settings.timeouts.max_drain_s)
-        self.ops.run(op, transaction.apply(self, op, checked, drain, without_router=without_router))
-        return op
+        return await operator_requests.submit_apply(
+            self,
+            levers,
+            env,
+            replace=replace,
+            dry_run=dry_run,
+            drain_timeout_s=drain_timeout_s,
+            force_restart=force_restart,
+            without_router=without_router,
+        )
 
     def submit_stop(self) -> Operation:
         """Stop the server and verify its GPUs released; it stays stopped (across daemon
         restarts too) until an operator starts it. Raises ``Busy``."""
-        self._preempt_backoff()
+        operator_requests.preempt_backoff(self)
         op = self._begin(OpKind.STOP, None)
         self.ops.run(op, transaction.stop(self, op))
         return op
@@ -400,7 +348,7 @@ class Supervisor:
         launcher's leftovers are cleaned up first). It stops no healthy server, so a
         foreign process on a GPU fails the operation, named, rather than the request.
         Raises ``Busy``."""
-        self._preempt_backoff()
+        operator_requests.preempt_backoff(self)
         op = self._begin(OpKind.START, self.levers)
         self.ops.run(op, transaction.start(self, op))
         return op
@@ -409,7 +357,7 @@ class Supervisor:
         """Stop, verify release, start the same levers. Preflight runs first, as for an
         apply: ``LeverError`` (the healthy server untouched) or ``Busy``."""
         await checks.before_a_relaunch(self)
-        self._preempt_backoff()
+        operator_requests.preempt_backoff(self)
         op = self._begin(OpKind.RESTART, self.levers)
         self.ops.run(op, transaction.restart(self, op))
         return op

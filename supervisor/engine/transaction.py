@@ -2,8 +2,9 @@
 the supervisor's own recovery of a crashed or hung server.
 
 Each step is named after its phase. After the stop, every path ends in the new server,
-the last-good levers serving again (``rolled_back``), or a named ``failed``. A shutdown
-or an operator's cancel is honoured between steps (``checkpoint``), never inside one.
+the last-good levers serving again (``rolled_back``: ``engine.rollback``), or a named
+``failed``. A shutdown or an operator's cancel is honoured between steps (``checkpoint``),
+never inside one.
 """
 
 from __future__ import annotations
@@ -14,18 +15,18 @@ from typing import TYPE_CHECKING
 
 from supervisor.engine import routing
 from supervisor.engine.checks import refuse_if_foreign
+from supervisor.engine.release import members_now, stop_and_release
+from supervisor.engine.rollback import roll_back
 from supervisor.engine.server import (
     SHUTDOWN_REASON,
     Cancelled,
     checkpoint,
     launch_until_ready,
-    members_now,
     pause,
-    stop_and_release,
 )
 from supervisor.levers import LeverSet
 from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
-from supervisor.phases import OPERATOR_LAUNCHES, OpKind, PhaseName, PhasePrefix, prefixed
+from supervisor.phases import OPERATOR_LAUNCHES, OpKind, PhaseName, PhasePrefix
 from supervisor.states import ServerState
 from supervisor.store import StoreError
 from supervisor.telemetry import parse_metrics
@@ -111,76 +112,6 @@ async def drain_or_cancel(sup: Supervisor, op: Operation, drain_s: float) -> boo
         op.finish(outcome, f"{exc}; nothing was stopped")
         return False
     return True
-
-
-def no_cancel_from_here(op: Operation, what: str) -> None:
-    """From here on ``op`` puts the last-good levers back: a cancel would tear down the
-    server it is starting and leave nothing serving, so it is refused (409), and one
-    that arrived just before (right after a failed start) is dropped: rolling back is
-    what it asked for."""
-    op.not_cancellable = f"{what} has begun (a cancel now would leave nothing serving)"
-    if op.cancel_requested is not None:
-        op.cancel_requested = None
-        op.wake.clear()  # set for the dropped cancel only (a shutdown is seen by its flag)
-
-
-async def roll_back(sup: Supervisor, op: Operation, reason: str) -> None:
-    """The new levers failed: stop them, release, start the last-good levers (and put
-    them back in the router). Not cancellable (``no_cancel_from_here``)."""
-    no_cancel_from_here(op, "the rollback to the last-good levers")
-    if sup.router.enabled and sup.server is not None:
-        await routing.leave(sup, op, prefix=PhasePrefix.ROLLBACK)
-    if not await stop_and_release(sup, op, "roll back", S.STOPPED, prefix=PhasePrefix.ROLLBACK):
-        op.finish(FAILED, f"{reason}; then the failed server could not be released")
-        return
-    good = sup.last_good
-    if good is None:
-        op.finish(FAILED, f"{reason}; there are no last-good levers to roll back to")
-        return
-    rollback_start = prefixed(PhasePrefix.ROLLBACK, PhaseName.START)
-    if await start_last_good(sup, op, good, rollback_start):
-        refused = await routing.join(sup, op, prefix=PhasePrefix.ROLLBACK)
-        sup.levers = good  # they serve (a containment may come from other levers)
-        op.rollback_reason = reason
-        op.levers_effective = good.to_json()
-        op.finish(ROLLED_BACK, reason if refused is None else f"{reason}; then {refused}")
-        return
-    second = op.rollback_reason
-    await stop_and_release(
-        sup,
-        op,
-        f"rolling back to the last-good levers failed: {second}",
-        S.FAILED,
-        prefix=PhasePrefix.CLEANUP,
-    )
-    op.rollback_reason = reason
-    op.finish(FAILED, f"{reason}; rolling back also failed: {second}")
-
-
-async def start_last_good(sup: Supervisor, op: Operation, good: LeverSet, phase: str) -> bool:
-    """Start the last-good levers; when their launcher was killed by a signal from
-    outside (SIGKILL by an operator or the OOM killer: not the levers' fault, they served
-    before), clean up and try exactly once more. False when it is still not ready
-    (``op.rollback_reason`` says why)."""
-    if await launch_until_ready(sup, op, good, probation=False, phase=phase):
-        return True
-    server = sup.server
-    code = None if server is None else server.handle.returncode
-    if code is None or code >= 0 or op.cancelled is not None or sup.shutdown_requested:
-        return False  # its own failure (an exit code), or nobody wants it any more
-    first = op.rollback_reason or "the last-good launcher was killed by a signal"
-    if not await stop_and_release(
-        sup,
-        op,
-        f"{first}; starting the last-good levers once more",
-        S.STOPPED,
-        prefix=PhasePrefix.CLEANUP,
-    ):
-        return False
-    if await launch_until_ready(sup, op, good, probation=False, phase=phase):
-        return True
-    op.rollback_reason = f"{op.rollback_reason} (the second try; the first: {first})"
-    return False
 
 
 async def commit(sup: Supervisor, op: Operation, levers: LeverSet) -> None:
@@ -349,59 +280,6 @@ async def recover(sup: Supervisor, op: Operation, reason: str) -> None:
             await stop_and_release(sup, op, reason, S.STOPPED, prefix=PhasePrefix.CLEANUP)
             op.finish(FAILED, reason)
             return
-
-
-async def contain(sup: Supervisor, op: Operation, exc: Exception) -> None:
-    """``op`` raised what nobody expected (a bug; an error of a kind no step handles):
-    never leave a state with no process behind it. Unless it was a stop, roll back
-    (``roll_back``: tear down what is ours, start the last-good levers again, back in
-    the router — the error may have come after the drain took the server out of it);
-    a stop, or no last-good levers, only tears down (``failed``). A shutdown in
-    progress does the teardown itself."""
-    why = f"internal error: {type(exc).__name__}: {exc}"
-    op.rollback_reason = why
-    no_cancel_from_here(op, "the containment of an internal error")
-    if sup.shutdown_requested:
-        op.finish(FAILED, why)
-        return
-    if op.kind != OpKind.STOP and sup.last_good is not None:
-        await roll_back(sup, op, why)
-        return
-    if not await stop_and_release(sup, op, why, S.STOPPED, prefix=PhasePrefix.CLEANUP):
-        op.finish(FAILED, f"{why}; then the server could not be released")
-        return
-    op.finish(FAILED, why)
-
-
-async def contain_or_fail(sup: Supervisor, op: Operation, exc: Exception) -> None:
-    """``contain``; if even that raises, ``failed`` with both reasons (``fail_state``)."""
-    try:
-        await contain(sup, op, exc)
-    except Cancelled as stop:  # the shutdown tears down what is left
-        if not op.finished:
-            op.finish(FAILED, str(stop))
-    except Exception as again:
-        log.exception("operation %s (%s): cleaning up after the error failed", op.id, op.kind)
-        why = f"internal error: {type(exc).__name__}: {exc}; cleaning up failed: {again}"
-        if not op.finished:
-            op.finish(FAILED, why)
-        fail_state(sup, f"{why}; POST /stop, then /start")
-
-
-def fail_state(sup: Supervisor, why: str) -> None:
-    """The last resort when even ``contain`` raised: walk the allowed edges to ``failed``,
-    so /status says an operator is needed instead of showing a state nothing backs."""
-    path = {
-        S.STARTING: S.STOPPING,
-        S.READY: S.STOPPING,
-        S.DRAINING: S.STOPPING,
-        S.STOPPED: S.STOPPING,
-        S.STOPPING: S.RELEASING,
-        S.RELEASING: S.FAILED,
-        S.BACKOFF: S.FAILED,
-    }
-    while sup.state != S.FAILED:
-        sup.transition(path[sup.state], why)
 
 
 async def shut_down(sup: Supervisor, op: Operation, *, keep_server: bool) -> bool:

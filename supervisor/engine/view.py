@@ -15,7 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from supervisor.engine.server import members_now
+from supervisor.engine.release import members_now
 from supervisor.gpu import GpuInfo, GpuQueryError
 from supervisor.levers import LeverSet
 from supervisor.schema import FlagSchema

@@ -34,11 +34,10 @@ from supervisor.planner import ModelSpec
 from supervisor.schema import BUNDLED_VERSION
 from supervisor.sim import capacity, info, metrics
 from supervisor.sim.children import Children, ServerFailure, signal_name
-from supervisor.sim.faults import crash_report
 from supervisor.sim.flags import ServerConfig, SimEnv, log
-from supervisor.sim.gpus import sim_gpu_index
 from supervisor.sim.http import HttpServer
 from supervisor.sim.load import LOAD_ENV, Engine
+from supervisor.sim.start_checks import check_gpus, check_start_faults
 
 #: Seconds between time-driven checks of the main loop (children alive, faults, logging).
 TICK_S = 0.1
@@ -181,11 +180,15 @@ class Launcher:
         except Exception as exc:  # a bug or an OS error: never leave the ranks behind
             return self._fail([f"{type(exc).__name__}: {exc}"], "")
 
+    def _check_gpus(self) -> None:
+        """Before any rank: the visible GPUs (a group's leader also meets its nodes)."""
+        check_gpus(self)
+
     def _serve(self) -> None:
         """Spawn, load, become ready and serve; return when a stop signal arrives."""
         self._check_gpus()
         cfg = self.cfg
-        # _check_gpus has bounded the ranks by the visible GPUs: one child per rank is safe.
+        # check_gpus has bounded the ranks by the visible GPUs: one child per rank is safe.
         gpus = [self.env.visible_gpus[cfg.layout.gpu_id(r)] for r in range(cfg.num_ranks)]
         self._children.spawn(gpus, self.rank_bytes)
         if self._children.wait_registered(self._wait):
@@ -193,7 +196,7 @@ class Launcher:
         log(f"Load weight begin. avail mem={self.env.memory_bytes / 2**30:.2f} GB", "TP0")
         if self._wait(time.monotonic() + self.env.startup_s):
             return
-        self._check_start_faults()
+        check_start_faults(self)
         avail = (self.env.memory_bytes - self.weight_bytes) / 2**30
         log(
             f"Load weight end. type={self.model.architecture}, dtype=torch.bfloat16, "
@@ -232,47 +235,6 @@ class Launcher:
         self._set_phase(Phase.READY, "warm-up generation done")
         self._ready_at = time.monotonic()
         self._wait(None)
-
-    def _check_gpus(self) -> None:
-        """Every rank needs its own visible GPU, as SGLang's ranks do."""
-        cfg, visible = self.cfg, self.env.visible_gpus
-        last = cfg.layout.gpus_needed - 1
-        unknown = [g for g in visible if sim_gpu_index(g) is None]
-        if unknown:
-            raise ServerFailure(
-                [
-                    f"RuntimeError: CUDA error: invalid device ordinal: CUDA_VISIBLE_DEVICES "
-                    f"names {', '.join(unknown)}, which is not a simulated GPU"
-                ]
-            )
-        if not visible or last >= len(visible):
-            raise ServerFailure(
-                [
-                    f"RuntimeError: {cfg.num_ranks} ranks (tp_size={cfg.tp_size} × "
-                    f"dp_size={cfg.dp_size} × pp_size={cfg.pp_size}) need GPU ids up to "
-                    f"{last} (base_gpu_id={cfg.base_gpu_id}, gpu_id_step={cfg.gpu_id_step}), "
-                    f"but only {len(visible)} GPUs are visible "
-                    f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
-                ]
-            )
-
-    def _check_start_faults(self) -> None:
-        if self.faults.crash_on_start:
-            raise ServerFailure(crash_report(), "TP0")
-        if self.cfg.cuda_graph:
-            capture = capacity.capture_failure(self.resolved, self.env.memory_bytes)
-            if capture is not None:
-                raise ServerFailure(capture, "TP0")
-        if self.max_total_num_tokens <= 0:
-            weights_gib = self.weight_bytes / 2**30
-            raise ServerFailure(
-                [
-                    f"RuntimeError: Not enough memory. Please try to increase "
-                    f"--mem-fraction-static. (weights {weights_gib:.1f} GiB per rank leave no "
-                    f"room for the KV cache at mem_fraction_static={self.mem_fraction:.3f})"
-                ],
-                "TP0",
-            )
 
     def _install_signals(self) -> None:
         if self.faults.ignore_sigterm:

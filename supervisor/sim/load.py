@@ -49,13 +49,12 @@ import itertools
 import random
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
-from typing import NamedTuple
 
+from supervisor.sim.scheduler import EngineStats, GenResult, Ticket, _Worker
 from supervisor.sim.workload import (
     DECODE_TOKENS_PER_S,
-    HIT_RATE_WINDOW,
     LOAD_ENV,
     MAX_CATCH_UP_S,
     PREFILL_TOKENS_PER_S,
@@ -66,50 +65,6 @@ from supervisor.sim.workload import (
 )
 
 __all__ = ["DECODE_TOKENS_PER_S", "LOAD_ENV", "Engine", "EngineStats", "LoadSpec", "parse_load"]
-
-
-class EngineStats(NamedTuple):
-    running: int
-    queued: int
-    tokens: int
-    token_usage: float
-    gen_throughput: float
-    cache_hit_rate: float
-    generation_tokens_total: int
-    prompt_tokens_total: int
-    #: Whether the current decode batch replays a captured CUDA graph.
-    cuda_graph: bool
-    turned_away_total: int
-
-
-class GenResult(NamedTuple):
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    latency_s: float
-
-
-#: A real request's handle between ``Engine.submit`` and ``Engine.finish``.
-Ticket = Request
-
-
-class _Worker:
-    """One DP worker's scheduler: its queue, KV pool, radix cache and counters."""
-
-    def __init__(self) -> None:
-        self.pending: deque[Request] = deque()
-        self.running = 0
-        self.real_running = 0
-        self.used = 0
-        self.gen_total = 0
-        self.prompt_total = 0
-        self.window: deque[tuple[int, int]] = deque(maxlen=HIT_RATE_WINDOW)
-        self.running_keys: Counter[str] = Counter()
-        self.lru: OrderedDict[str, int] = OrderedDict()
-        self.lru_used = 0
-
-    def hit(self, req: Request) -> bool:
-        return self.running_keys[req.key] > 0 or req.key in self.lru
 
 
 class Engine:

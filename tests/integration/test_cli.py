@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from api.cli.client import Client, Unauthorized
+from api.cli.client import Client
+from api.cli.client_errors import Unauthorized
 from api.cli.event_stream import open_event_stream
 from api.cli.follow import SeqFilter
 from api.cli.levers_input import lever_changes_from_args, parse_value

@@ -1,6 +1,6 @@
 """A warm resolution helper answers for another lever environment in a fork that takes
 it on, where SGLang reads those variables when it runs; a variable read at import starts
-a fresh helper (``supervisor.resolution.FORK_ENV_PREFIXES``, docs/validation.md)."""
+a fresh helper (``supervisor.resolution_helper.FORK_ENV_PREFIXES``, docs/validation.md)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.engine.checks import gpu_facts
+from supervisor.engine.validation import gpu_facts
 from supervisor.gpu import GpuInfo
 from supervisor.nvml import NvmlProbe
 from supervisor.resolution import GpuFacts

@@ -1,0 +1,101 @@
+"""An operator's requests to the facade, past their checks of shape: an apply's
+validation, preflight and dry run before it becomes an operation (``submit_apply``), a
+cancel (``request_cancel``), and the backoff that yields to either (``preempt_backoff``).
+``Supervisor``'s methods of the same names say what each promises.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from supervisor.engine import checks, transaction
+from supervisor.engine.errors import NoSuchOperation, NotCancellable, OperationFinished
+from supervisor.engine.registry import MAX_OPERATIONS
+from supervisor.operations import SUCCEEDED, Operation
+from supervisor.phases import OpKind
+
+if TYPE_CHECKING:
+    from supervisor.engine.supervisor import Supervisor
+
+log = logging.getLogger("supervisor")
+
+CANCEL_REASON = "cancelled by an operator (POST /operations/{id}/cancel)"
+
+
+def preempt_backoff(sup: Supervisor) -> None:
+    """An operator's request wins over a restart that is only waiting out its backoff."""
+    op = sup.operation
+    if op is not None and checks.backing_off(sup):
+        # Safe to cancel: in backoff the recovery only waits (no OS step runs).
+        sup.ops.supersede(op, "superseded by an operator's request during backoff")
+
+
+def request_cancel(sup: Supervisor, op_id: str) -> Operation:
+    """``Supervisor.request_cancel``: ask ``op_id`` to end at its next phase boundary."""
+    op = sup.ops.kept.get(op_id)
+    if op is None:
+        raise NoSuchOperation(
+            f"no operation {op_id!r} (the daemon keeps the last {MAX_OPERATIONS})"
+        )
+    if op.finished:
+        raise OperationFinished(op)
+    if op.not_cancellable is not None and op.cancelled is None:
+        raise NotCancellable(op, op.not_cancellable)  # (a repeat of an honoured one: ok)
+    if op.cancel_requested is None and op.cancelled is None:
+        op.cancel_requested = CANCEL_REASON.format(id=op.id)
+        log.warning("operation %s (%s): cancel requested", op.id, op.kind)
+        sup.events.publish("cancel", operation=op.id, op_kind=op.kind)
+        op.wake.set()
+    return op
+
+
+async def submit_apply(
+    sup: Supervisor,
+    levers: Mapping[str, Any],
+    env: Mapping[str, Any],
+    *,
+    replace: bool,
+    dry_run: bool,
+    drain_timeout_s: float,
+    force_restart: bool,
+    without_router: bool,
+) -> Operation:
+    """``Supervisor.submit_apply``: validate and preflight, then run it as an operation."""
+    # A restart waiting out its backoff yields to the operator, but only once the
+    # request has been found valid (below): a typo must not cancel a recovery.
+    if not dry_run:
+        checks.refuse_if_busy(sup)
+    requested = sup.requested_levers(levers, env, replace=replace)
+    # LeverError when SGLang (or a host check) refuses: nothing is touched.
+    checked, passed, resolved, not_run = await checks.before_the_stop(sup, requested)
+    unchanged = not force_restart and checks.serving_unchanged(sup, checked)
+    if not unchanged and not without_router:
+        await checks.router_answers(sup)  # LeverError
+    if dry_run:
+        op = Operation(kind=OpKind.APPLY, levers_requested=checked.to_json(), dry_run=True)
+        sup.ops.keep(op)
+    else:
+        preempt_backoff(sup)
+        op = sup._begin(OpKind.APPLY, checked)  # Busy if another started meanwhile
+    op.not_run = not_run
+    op.resolved = resolved
+    for name, detail, took in passed:
+        ph = op.phase(name)
+        ph.duration_s = took
+        ph.end(SUCCEEDED, f"{detail} ({took * 1000:.1f} ms)")
+    if dry_run:
+        diff = sup.levers.diff(checked)
+        op.levers_effective = sup.levers.to_json()
+        op.finish(SUCCEEDED)
+        op.phases[-1].detail += f"; would change {', '.join(diff) or 'nothing'}"
+        if unchanged:
+            op.phases[-1].detail += " (the server would not be restarted)"
+        return op
+    if unchanged:
+        sup.ops.run(op, transaction.keep_serving(sup, op))
+        return op
+    drain = min(max(0.0, drain_timeout_s), sup.settings.timeouts.max_drain_s)
+    sup.ops.run(op, transaction.apply(sup, op, checked, drain, without_router=without_router))
+    return op
