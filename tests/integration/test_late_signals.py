@@ -38,8 +38,7 @@ def test_sigterms_until_the_very_end_still_exit_0(daemon_factory: type[Daemon]) 
 
 
 def test_the_signal_handlers_come_before_any_other_import(tmp_path: Path) -> None:
-    """The console script installs them before ``importlib.metadata`` (the Supervisord
-    check) is even imported: the window in which a SIGHUP kills the daemon is the
+    """The console script installs them before ``importlib.metadata`` is even imported: the window in which a SIGHUP kills the daemon is the
     interpreter's own start-up only."""
     proc = subprocess.Popen(
         [
@@ -47,7 +46,7 @@ def test_the_signal_handlers_come_before_any_other_import(tmp_path: Path) -> Non
             "-X",
             "importtime",
             "-m",
-            "api.entry",
+            "api.cli",
             "serve",
             "--simulate",
             "--port",
