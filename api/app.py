@@ -10,15 +10,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api import event_routes, page, plan, routes
-from api.auth import ApiAccess, GuardMiddleware
-from api.openapi import build_openapi
-from api.request_guard import BrowserGuardMiddleware, HostPolicy, known_query
-from api.starting import StartingMiddleware
-from supervisor.engine import Supervisor
-from supervisor.metrics import SupervisorMetrics
-from supervisor.oplog import log_operation_end
-from supervisor.version import version
+from sglang_supervisor.engine import Supervisor
+from sglang_supervisor.observe.metrics import SupervisorMetrics
+from sglang_supervisor.observe.oplog import log_operation_end
+from sglang_supervisor.version import version
+from sglang_supervisor_api import event_routes, page, plan, routes
+from sglang_supervisor_api.auth import ApiAccess, GuardMiddleware
+from sglang_supervisor_api.openapi import build_openapi
+from sglang_supervisor_api.request_guard import BrowserGuardMiddleware, HostPolicy, known_query
+from sglang_supervisor_api.starting import StartingMiddleware
 
 
 def create_app(
@@ -30,9 +30,10 @@ def create_app(
     bind_host: str = "127.0.0.1",
     allowed_hosts: tuple[str, ...] = (),
 ) -> FastAPI:
-    """An app serving ``supervisor`` (started and stopped by ``api.daemon.serve``); with
-    ``token`` every call but /healthz (and /metrics when ``metrics_public``) needs it.
-    ``bind_host`` and ``allowed_hosts``: the Host headers it answers (api.request_guard)."""
+    """An app serving ``supervisor`` (started and stopped by
+    ``sglang_supervisor_api.daemon.serve``); with ``token`` every call but /healthz (and /metrics
+    when ``metrics_public``) needs it. ``bind_host`` and ``allowed_hosts``: the Host headers it
+    answers (sglang_supervisor_api.request_guard)."""
     app = FastAPI(
         title="sglang-supervisor",
         summary="Owns an SGLang server and changes its launch flags atomically.",
@@ -75,8 +76,8 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # One error shape for every 4xx (api.responses.Problem): each refused field as a
-        # problem, without its "input" (it may be large, or not JSON-encodable: NaN).
+        # One error shape for every 4xx (sglang_supervisor_api.responses.Problem): each refused
+        # field as a problem, without its "input" (it may be large, or not JSON-encodable: NaN).
         problems = [
             {
                 "lever": ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "request",

@@ -20,7 +20,7 @@ from typing import Any
 
 from starlette.types import Scope
 
-from supervisor.redact import redact
+from sglang_supervisor.redact import redact
 
 audit_log = logging.getLogger("supervisor.audit")
 

@@ -1,6 +1,7 @@
 """The audit log's file writer: ``<state_dir>/audit.log``, rotated and bounded, written by
 a thread of its own (``_audit_to_file``) through a handler that never follows a planted
-symbolic link (``_NoFollowRotatingHandler``). What a record holds is ``api.audit``.
+symbolic link (``_NoFollowRotatingHandler``). What a record holds is
+``sglang_supervisor_api.audit``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import queue
 from typing import Any
 
-from supervisor.config import Settings
+from sglang_supervisor.config import Settings
 
 
 class _NoFollowRotatingHandler(logging.handlers.RotatingFileHandler):

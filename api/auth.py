@@ -1,4 +1,5 @@
-"""Bearer-token authentication and request size limits (the audit log: ``api.audit``).
+"""Bearer-token authentication and request size limits (the audit log:
+``sglang_supervisor_api.audit``).
 
 The token comes from ``$SGLANG_SUPERVISOR_TOKEN`` or ``[api] token_file`` (refused when the
 file is readable by group or others). It is required on every call except :data:`PUBLIC_PATHS`
@@ -21,7 +22,7 @@ from typing import Any
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.audit import audit
+from sglang_supervisor_api.audit import audit
 
 TOKEN_ENV = "SGLANG_SUPERVISOR_TOKEN"
 #: Served without the token: liveness and readiness probes, the status page and the API

@@ -8,10 +8,10 @@ a second daemon on the state dir, an unknown GPU, invalid initial levers); 3
 permissions, a full disk). The unit does not restart on 2 or 3
 (``RestartPreventExitStatus=2 3``): neither fixes itself.
 
-Signals (``api.daemon_signals`` records them from the process's first instant): the first
-SIGTERM or SIGINT stops gracefully, at any point (while starting too); SIGHUP reloads what
-can change without touching the server (``api.reload``). uvicorn's own signal handling is
-off: the daemon decides, and stops uvicorn itself (``should_exit``).
+Signals (``sglang_supervisor_api.daemon_signals`` records them from the process's first instant):
+the first SIGTERM or SIGINT stops gracefully, at any point (while starting too); SIGHUP reloads what
+can change without touching the server (``sglang_supervisor_api.reload``). uvicorn's own signal
+handling is off: the daemon decides, and stops uvicorn itself (``should_exit``).
 """
 
 from __future__ import annotations
@@ -32,24 +32,24 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from api.app import close_streams, create_app
-from api.audit import flush_suppressed
-from api.audit_file import _audit_to_file
-from api.auth import AuthConfigError, check_listen, load_token
-from api.daemon_signals import DaemonSignals, process_signals
-from api.instance_lock import InstanceBusy, accept_and_close, hold_instance
-from api.logsetup import UVICORN_LOG_CONFIG
-from api.reload import reload_settings
-from api.state_lock import StateDirBusy, lock_state_dir
-from supervisor import sdnotify
-from supervisor.config import Settings, instance_name
-from supervisor.diskspace import describe_os_error
-from supervisor.engine import Supervisor
-from supervisor.process import set_child_subreaper
-from supervisor.router import read_api_key
-from supervisor.runtime import build_supervisor, cleanup
-from supervisor.slurm.allocation import require_allocation
-from supervisor.states import ServerState
+from sglang_supervisor.config import Settings, instance_name
+from sglang_supervisor.diskspace import describe_os_error
+from sglang_supervisor.engine import Supervisor
+from sglang_supervisor.host import sdnotify
+from sglang_supervisor.host.process import set_child_subreaper
+from sglang_supervisor.runtime import build_supervisor, cleanup
+from sglang_supervisor.sglang.router import read_api_key
+from sglang_supervisor.slurm.allocation import require_allocation
+from sglang_supervisor.states import ServerState
+from sglang_supervisor_api.app import close_streams, create_app
+from sglang_supervisor_api.audit import flush_suppressed
+from sglang_supervisor_api.audit_file import _audit_to_file
+from sglang_supervisor_api.auth import AuthConfigError, check_listen, load_token
+from sglang_supervisor_api.daemon_signals import DaemonSignals, process_signals
+from sglang_supervisor_api.instance_lock import InstanceBusy, accept_and_close, hold_instance
+from sglang_supervisor_api.logsetup import UVICORN_LOG_CONFIG
+from sglang_supervisor_api.reload import reload_settings
+from sglang_supervisor_api.state_lock import StateDirBusy, lock_state_dir
 
 log = logging.getLogger("supervisor")
 
@@ -312,7 +312,8 @@ async def _serve_owned(
         proxy_headers=False,
         timeout_graceful_shutdown=5,
         access_log=False,
-        log_config=UVICORN_LOG_CONFIG,  # uvicorn's lines go through api.logsetup's handler
+        # uvicorn's lines go through sglang_supervisor_api.logsetup's handler
+        log_config=UVICORN_LOG_CONFIG,
     )
     try:
         sock = listen_socket(config)

@@ -12,10 +12,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
-from api.auth import ApiAccess
-from api.responses import EventStreamResponse
-from api.routes import SupervisorDep
-from supervisor.redact import redact
+from sglang_supervisor.redact import redact
+from sglang_supervisor_api.auth import ApiAccess
+from sglang_supervisor_api.responses import EventStreamResponse
+from sglang_supervisor_api.routes import SupervisorDep
 
 router = APIRouter()
 

@@ -1,7 +1,7 @@
 """One instance, one daemon, host-wide: an abstract Unix socket named after the instance.
 
-The state directory's lock (``api.state_lock``) cannot see a daemon whose state directory
-was deleted under it, nor one with another state directory and the same ``instance``
+The state directory's lock (``sglang_supervisor_api.state_lock``) cannot see a daemon whose state
+directory was deleted under it, nor one with another state directory and the same ``instance``
 (a copied config); either newcomer took the running server for its own leftovers and
 killed it. The instance tag is what teardown matches, so the instance itself is locked:
 the daemon binds ``\\0sglang-supervisor/<instance>`` (Linux abstract namespace) and

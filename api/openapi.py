@@ -3,7 +3,7 @@
 Added: the bearer scheme (``components.securitySchemes.bearer``) on every operation that
 needs the token, its 401 answer, 413 on operations with a body, 422 everywhere (an unknown
 query parameter), 421 everywhere (Host) and 403/415 on every POST (Origin, Content-Type).
-All errors have one shape (:class:`api.responses.Problem`).
+All errors have one shape (:class:`sglang_supervisor_api.responses.Problem`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from api.auth import PUBLIC_PATHS
+from sglang_supervisor_api.auth import PUBLIC_PATHS
 
 API_DESCRIPTION = """\
 Owns one SGLang server and changes its launch flags ("levers") atomically: validate,
@@ -74,13 +74,14 @@ def build_openapi(app: FastAPI, version: str) -> dict[str, Any]:
     for path, item in doc.get("paths", {}).items():
         for method, op in item.items():
             responses = op.setdefault("responses", {})
-            # Every route refuses an unknown query parameter (api.request_guard.known_query);
-            # FastAPI's own 422 shape is replaced by ours (api.app's handler).
+            # Every route refuses an unknown query parameter
+            # (sglang_supervisor_api.request_guard.known_query); FastAPI's own 422 shape is
+            # replaced by ours (sglang_supervisor_api.app's handler).
             described = responses.get("422", {}).get("description")
             if not _can_refuse(op):
                 described = "an unknown query parameter"
             responses["422"] = _problem(described or "the request was refused")
-            # What api.request_guard refuses before any route runs.
+            # What sglang_supervisor_api.request_guard refuses before any route runs.
             responses.setdefault("421", _problem("the Host header does not name this daemon"))
             if method == "post":
                 responses.setdefault("403", _problem("a web page of another origin"))

@@ -4,7 +4,7 @@ Every input defaults to what the daemon knows: the model from the current levers
 ``model_path`` (a local directory, or the Hugging Face cache; on the simulated backend the
 simulated server's model), the managed GPUs and their memory, the host's available RAM
 (the simulated host's in simulate mode) and the live server's load. The answer is
-``supervisor.planner.Plan.to_json()``; its ``levers`` can be sent as is to
+``sglang_supervisor.planner.Plan.to_json()``; its ``levers`` can be sent as is to
 ``POST /levers``.
 """
 
@@ -21,26 +21,27 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.routes import SupervisorDep
-from supervisor import planner, preflight
-from supervisor.backend import Backend
-from supervisor.engine import SupervisorView
-from supervisor.engine.server import flags, server_env
-from supervisor.engine.validation import gpu_facts
-from supervisor.layout import Layout
-from supervisor.levers import LeverSet
-from supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
-from supervisor.planner.hostpool import DevicePool, ratio_host_bytes_per_rank
-from supervisor.planner.proposal import Resolver, Validator
-from supervisor.planner.stopcost import StopBudget
-from supervisor.redact import redact
-from supervisor.resolution import Verdict, resolve_levers
-from supervisor.sglang_parser import ParserUnavailable
-from supervisor.states import ServerState
-from supervisor.units import GiB
+from sglang_supervisor import planner
+from sglang_supervisor.engine import SupervisorView
+from sglang_supervisor.engine.server import flags, server_env
+from sglang_supervisor.engine.validation import gpu_facts
+from sglang_supervisor.host import preflight
+from sglang_supervisor.host.backend import Backend
+from sglang_supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
+from sglang_supervisor.planner.hostpool import DevicePool, ratio_host_bytes_per_rank
+from sglang_supervisor.planner.proposal import Resolver, Validator
+from sglang_supervisor.planner.stopcost import StopBudget
+from sglang_supervisor.redact import redact
+from sglang_supervisor.sglang.layout import Layout
+from sglang_supervisor.sglang.levers import LeverSet
+from sglang_supervisor.sglang.parser import ParserUnavailable
+from sglang_supervisor.sglang.resolution import Verdict, resolve_levers
+from sglang_supervisor.states import ServerState
+from sglang_supervisor.units import GiB
+from sglang_supervisor_api.routes import SupervisorDep
 
 if TYPE_CHECKING:
-    from supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.engine.supervisor import Supervisor
 
 router = APIRouter()
 

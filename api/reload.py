@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from api.auth import ApiAccess, AuthConfigError, check_listen, load_token
-from supervisor.config import Settings
+from sglang_supervisor.config import Settings
+from sglang_supervisor_api.auth import ApiAccess, AuthConfigError, check_listen, load_token
 
 log = logging.getLogger("supervisor")
 

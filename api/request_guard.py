@@ -34,7 +34,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.audit import audit
+from sglang_supervisor_api.audit import audit
 
 #: Methods that change nothing (no Origin or Content-Type check).
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

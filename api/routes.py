@@ -9,9 +9,24 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from api.audit import audit
-from api.models import ApplyRequest
-from api.responses import (
+from sglang_supervisor.engine import (
+    Busy,
+    NoSuchOperation,
+    NotCancellable,
+    OperationFinished,
+    Supervisor,
+)
+from sglang_supervisor.observe.metrics import SupervisorMetrics
+from sglang_supervisor.observe.serverlogs import log_for_launch
+from sglang_supervisor.observe.telemetry import tail_lines
+from sglang_supervisor.operations import Operation
+from sglang_supervisor.redact import redact
+from sglang_supervisor.sglang.levers import LeverError
+from sglang_supervisor.states import ServerState
+from sglang_supervisor.version import version
+from sglang_supervisor_api.audit import audit
+from sglang_supervisor_api.models import ApplyRequest
+from sglang_supervisor_api.responses import (
     BUSY,
     INVALID,
     NOT_FOUND,
@@ -25,15 +40,6 @@ from api.responses import (
     StatusAnswer,
     problem,
 )
-from supervisor.engine import Busy, NoSuchOperation, NotCancellable, OperationFinished, Supervisor
-from supervisor.levers import LeverError
-from supervisor.metrics import SupervisorMetrics
-from supervisor.operations import Operation
-from supervisor.redact import redact
-from supervisor.serverlogs import log_for_launch
-from supervisor.states import ServerState
-from supervisor.telemetry import tail_lines
-from supervisor.version import version
 
 
 def get_supervisor(request: Request) -> Supervisor:

@@ -8,7 +8,7 @@ import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from supervisor.engine import Supervisor
+from sglang_supervisor.engine import Supervisor
 
 #: Seconds a client is told to wait before trying again.
 RETRY_AFTER_S = 1

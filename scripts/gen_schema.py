@@ -3,7 +3,7 @@
 
     python scripts/gen_schema.py /path/to/sglang-env/bin/python
 
-runs ``supervisor/schema_probe.py`` in that interpreter (SGLang's own parser, built by
+runs ``supervisor/sglang/schema_probe.py`` in that interpreter (SGLang's own parser, built by
 ``ServerArgs.add_cli_args``) and writes ``supervisor/data/sglang-<version>.json``. Only
 the parser is needed: ``pip install --no-deps sglang==X`` plus its import-time
 dependencies (see ``scripts/sglang-parser-env.sh``) is enough on a machine with no GPU.
@@ -24,7 +24,7 @@ def main() -> int:
         print(__doc__, file=sys.stderr)
         return 2
     python = sys.argv[1]
-    probe = ROOT / "supervisor" / "schema_probe.py"
+    probe = ROOT / "supervisor" / "sglang" / "schema_probe.py"
     out = subprocess.run(
         [python, "-I", str(probe)], capture_output=True, text=True, timeout=300, check=False
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from supervisor import planner  # noqa: E402
+from sglang_supervisor import planner  # noqa: E402
 from tests.planner_cases import CASES, H200, planner_model  # noqa: E402
 
 DOC = ROOT / "docs" / "planner.md"

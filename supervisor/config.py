@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from supervisor.slurm.settings import Launcher, SlurmSettings
+from sglang_supervisor.slurm.settings import Launcher, SlurmSettings
 
 #: Initial levers of ``serve --simulate`` with no config: an 8-GPU tensor-parallel server.
 SIMULATED_DEFAULT_LEVERS: dict[str, Any] = {

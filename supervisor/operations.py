@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from supervisor.phases import OUTCOMES, OpState
+from sglang_supervisor.phases import OUTCOMES, OpState
 
 RUNNING = OpState.RUNNING
 SUCCEEDED = OpState.SUCCEEDED

@@ -6,22 +6,22 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from supervisor import ports, process
-from supervisor.backend import Backend, ProcessOps, ServerHandle
-from supervisor.config import Settings, instance_tag_prefix
-from supervisor.engine import Supervisor
-from supervisor.health import HttpHealthChecker
-from supervisor.router import build_link
-from supervisor.schema import load_bundled
-from supervisor.sglang_parser import load_schema
-from supervisor.store import Store
-from supervisor.teardown import TeardownReport
-from supervisor.teardown import teardown as stop_tree
-from supervisor.units import GiB
+from sglang_supervisor.config import Settings, instance_tag_prefix
+from sglang_supervisor.engine import Supervisor
+from sglang_supervisor.host import ports, process
+from sglang_supervisor.host.backend import Backend, ProcessOps, ServerHandle
+from sglang_supervisor.host.teardown import TeardownReport
+from sglang_supervisor.host.teardown import teardown as stop_tree
+from sglang_supervisor.observe.health import HttpHealthChecker
+from sglang_supervisor.sglang.parser import load_schema
+from sglang_supervisor.sglang.router import build_link
+from sglang_supervisor.sglang.schema import load_bundled
+from sglang_supervisor.store import Store
+from sglang_supervisor.units import GiB
 
 
 class OsProcessOps:
-    """``ProcessOps`` on real processes (``supervisor.process``)."""
+    """``ProcessOps`` on real processes (``sglang_supervisor.host.process``)."""
 
     def __init__(self, cwd: Path | None = None) -> None:
         self.cwd = cwd
@@ -77,8 +77,8 @@ class OsProcessOps:
 def build_backend(settings: Settings) -> Backend:
     """The simulated backend under ``--simulate``, else SGLang on NVML-probed GPUs."""
     if settings.simulate:
-        from supervisor.sim.capacity import resolve_avg_tokens, resolve_model
-        from supervisor.sim.gpus import SimGpuProbe, prepare_registry
+        from sglang_supervisor.sim.capacity import resolve_avg_tokens, resolve_model
+        from sglang_supervisor.sim.gpus import SimGpuProbe, prepare_registry
 
         sim = settings.sim
         registry = settings.state_dir / "sim-gpus"
@@ -100,14 +100,14 @@ def build_backend(settings: Settings) -> Backend:
         )
         return Backend(
             name="simulated",
-            command=[sys.executable, "-m", "supervisor.sim.server"],
+            command=[sys.executable, "-m", "sglang_supervisor.sim.server"],
             probe=probe,
             env=env,
             simulated_host_ram_bytes=sim.host_ram_gib * GiB,
             plan_model=resolve_model,
             plan_avg_tokens=resolve_avg_tokens,
         )
-    from supervisor.nvml import NvmlProbe
+    from sglang_supervisor.host.nvml import NvmlProbe
 
     return Backend(
         name="sglang",
@@ -124,7 +124,7 @@ def build_supervisor(settings: Settings) -> Supervisor:
     backend = build_backend(settings)
     procs: ProcessOps = OsProcessOps(cwd)
     if settings.server.launcher == "slurm":
-        from supervisor.slurm.runtime import slurm_backend
+        from sglang_supervisor.slurm.runtime import slurm_backend
 
         backend, procs = slurm_backend(settings, backend, cwd)
     return Supervisor(

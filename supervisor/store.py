@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.diskspace import describe_os_error
-from supervisor.levers import LeverSet
+from sglang_supervisor.diskspace import describe_os_error
+from sglang_supervisor.sglang.levers import LeverSet
 
 log = logging.getLogger(__name__)
 

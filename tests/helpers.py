@@ -178,7 +178,7 @@ class Daemon:
             [
                 sys.executable,
                 "-m",
-                "api.cli",
+                "sglang_supervisor_api.cli",
                 "serve",
                 "--config",
                 str(self.config_path),

@@ -1,5 +1,5 @@
-"""The daemon's HTTP API in-process: ``api.app.create_app`` over a Supervisor on fakes
-(``tests.unit.fakes``), called through httpx's ASGI transport - no daemon process, no
+"""The daemon's HTTP API in-process: ``sglang_supervisor_api.app.create_app`` over a Supervisor on
+fakes (``tests.unit.fakes``), called through httpx's ASGI transport - no daemon process, no
 socket, no simulated server. For tests of what the API answers (codes, bodies, auth,
 limits, the OpenAPI document); what needs real processes, signals or a socket stays in
 ``tests/integration`` with a real ``serve --simulate``.
@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from api.app import create_app
+from sglang_supervisor_api.app import create_app
 from tests.unit.fakes import Rig, make_rig
 
 

@@ -322,7 +322,7 @@ CASES: list[Case] = [
 
 def planner_model(name: str) -> Any:
     """The case's model as the planner builds it (weights and MTP bytes given)."""
-    from supervisor import planner
+    from sglang_supervisor import planner
 
     mtp = DSV3_MTP if name == "DeepSeek-V3" else 0
     return planner.model_from_config(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.resolution import Resolver
+from sglang_supervisor.sglang.resolution import Resolver
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON_ENV = "SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON"

@@ -1,5 +1,6 @@
-"""The ``sglang-supervisor`` command line: ``serve`` runs the daemon (``api.daemon``), the
-other commands talk to a running one through ``api.cli.client``, its one HTTP client.
+"""The ``sglang-supervisor`` command line: ``serve`` runs the daemon
+(``sglang_supervisor_api.daemon``), the other commands talk to a running one through
+``sglang_supervisor_api.cli.client``, its one HTTP client.
 
 Where things are:
 
@@ -26,12 +27,12 @@ def main(argv: list[str] | None = None) -> int:
 
     For ``serve`` the daemon's signal handlers go in first, before any import of ours:
     a SIGTERM while the daemon is still importing is then recorded and honoured, instead
-    of killing it on the spot (``api.daemon_signals``).
+    of killing it on the spot (``sglang_supervisor_api.daemon_signals``).
     """
     if (sys.argv[1:] if argv is None else argv)[:1] == ["serve"]:
-        from api.daemon_signals import process_signals
+        from sglang_supervisor_api.daemon_signals import process_signals
 
         process_signals().install()
-    from api.cli.main import main as run
+    from sglang_supervisor_api.cli.main import main as run
 
     return run(argv)

@@ -1,7 +1,7 @@
-"""``python -m api.cli``: the same as the ``sglang-supervisor`` console script."""
+"""``python -m sglang_supervisor_api.cli``: the same as the ``sglang-supervisor`` console script."""
 
 import sys
 
-from api.cli import main
+from sglang_supervisor_api.cli import main
 
 sys.exit(main())

@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from api.instance_lock import owner_pid as instance_owner
-from api.state_lock import daemon_holding
+from sglang_supervisor_api.instance_lock import owner_pid as instance_owner
+from sglang_supervisor_api.state_lock import daemon_holding
 
 DESCRIPTION = (
     "Stop every process carrying this instance's launch tag (the SGLang server a daemon "
@@ -81,7 +81,7 @@ def restart_pending(unit: str) -> str | None:
 
 def run_cleanup(args: argparse.Namespace) -> int:
     """0 when nothing of the instance is left (or the cleanup was skipped), else 1."""
-    from supervisor.config import instance_name, load_settings
+    from sglang_supervisor.config import instance_name, load_settings
 
     overrides = {"state_dir": str(args.state_dir) if args.state_dir else None}
     try:
@@ -112,7 +112,7 @@ def run_cleanup(args: argparse.Namespace) -> int:
         if why is not None:
             print(f"cleanup skipped: {why}")
             return 0
-    from supervisor.runtime import cleanup  # the process machinery, only when needed
+    from sglang_supervisor.runtime import cleanup  # the process machinery, only when needed
 
     report = cleanup(settings)
     print(f"cleanup of instance {instance_name(settings)!r}: {report.describe()}")

@@ -1,7 +1,7 @@
 """The one HTTP client of the daemon's control API: every CLI command talks through it.
 
-Every failure becomes a ``ClientError`` (``api.cli.client_errors``) whose ``str()`` is
-one line saying what happened and what the operator can do: the daemon unreachable
+Every failure becomes a ``ClientError`` (``sglang_supervisor_api.cli.client_errors``) whose
+``str()`` is one line saying what happened and what the operator can do: the daemon unreachable
 (``Unreachable``), a lever set refused (``Invalid``, 422), another operation running
 (``Busy``, 409), a token refused (``Unauthorized``), anything else the daemon answered
 (``HttpError``). No httpx exception leaves this module.
@@ -17,8 +17,8 @@ from typing import Any, Self
 
 import httpx
 
-from api.auth import TOKEN_ENV
-from api.cli.client_errors import (
+from sglang_supervisor_api.auth import TOKEN_ENV
+from sglang_supervisor_api.cli.client_errors import (
     Busy,
     ClientError,
     Ended,

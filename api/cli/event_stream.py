@@ -9,8 +9,8 @@ from typing import Self
 
 import httpx
 
-from api.cli.client import Client, Json
-from api.cli.client_errors import ClientError, NotFound, StreamUnavailable
+from sglang_supervisor_api.cli.client import Client, Json
+from sglang_supervisor_api.cli.client_errors import ClientError, NotFound, StreamUnavailable
 
 
 def open_event_stream(

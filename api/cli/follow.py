@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from api.cli import render_live
-from api.cli.client import Client, Json
-from api.cli.client_errors import ClientError
-from api.cli.event_stream import EventStream, open_event_stream
-from api.cli.server_log import ServerLogTail
+from sglang_supervisor_api.cli import render_live
+from sglang_supervisor_api.cli.client import Client, Json
+from sglang_supervisor_api.cli.client_errors import ClientError
+from sglang_supervisor_api.cli.event_stream import EventStream, open_event_stream
+from sglang_supervisor_api.cli.server_log import ServerLogTail
 
 Emit = Callable[[str], None]
 

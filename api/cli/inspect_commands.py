@@ -7,16 +7,16 @@ import json
 import sys
 import time
 
-from api.cli.client import Client, LogText
-from api.cli.client_errors import ClientError, NotFound
-from api.cli.event_stream import open_event_stream
-from api.cli.exits import EXIT_ERROR, EXIT_OK, UsageError
-from api.cli.follow import SeqFilter
-from api.cli.output import err, out, print_json, show
-from api.cli.render import render_levers, render_schema, render_status
-from api.cli.render_live import render_event
-from api.cli.server_log import new_lines
-from api.cli.text import terminal_width
+from sglang_supervisor_api.cli.client import Client, LogText
+from sglang_supervisor_api.cli.client_errors import ClientError, NotFound
+from sglang_supervisor_api.cli.event_stream import open_event_stream
+from sglang_supervisor_api.cli.exits import EXIT_ERROR, EXIT_OK, UsageError
+from sglang_supervisor_api.cli.follow import SeqFilter
+from sglang_supervisor_api.cli.output import err, out, print_json, show
+from sglang_supervisor_api.cli.render import render_levers, render_schema, render_status
+from sglang_supervisor_api.cli.render_live import render_event
+from sglang_supervisor_api.cli.server_log import new_lines
+from sglang_supervisor_api.cli.text import terminal_width
 
 
 def cmd_status(args: argparse.Namespace, client: Client) -> int:

@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from api.cli.exits import UsageError
+from sglang_supervisor_api.cli.exits import UsageError
 
 
 def parse_value(raw: str) -> Any:

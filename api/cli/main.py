@@ -3,8 +3,8 @@
 Client commands share ``--url`` (default ``$SGLANG_SUPERVISOR_URL`` or
 http://127.0.0.1:8470), ``--token`` / ``--token-file`` (default
 ``$SGLANG_SUPERVISOR_TOKEN``, sent as ``Authorization: Bearer``) and ``--json`` (the
-daemon's JSON on stdout, nothing else). Exit codes (``api.cli.exits``): 0 done; 1 the
-daemon unreachable or another error; 2 refused (invalid levers, bad usage); 3 the change
+daemon's JSON on stdout, nothing else). Exit codes (``sglang_supervisor_api.cli.exits``): 0 done; 1
+the daemon unreachable or another error; 2 refused (invalid levers, bad usage); 3 the change
 rolled back; 4 the operation failed; 5 another operation is running; 130 interrupted.
 """
 
@@ -16,17 +16,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from api.cli.cleanup import add_cleanup_parser, run_cleanup
-from api.cli.completion import add_completion_parser, completion_script
-from api.cli.exits import EPILOG, EXIT_ERROR
-from api.cli.inspect_commands import cmd_events, cmd_levers, cmd_logs, cmd_schema, cmd_status
-from api.cli.operation_commands import cmd_apply, cmd_cancel, cmd_control
-from api.cli.options import add_client_options, add_follow_options
-from api.cli.plan import add_plan_parser, run_plan
-from api.cli.rollout import add_rollout_parser, run_rollout
-from api.cli.runner import ClientCommand, run_client_command
-from api.cli.serve import add_serve_parser, run_serve
-from supervisor.version import version
+from sglang_supervisor.version import version
+from sglang_supervisor_api.cli.cleanup import add_cleanup_parser, run_cleanup
+from sglang_supervisor_api.cli.completion import add_completion_parser, completion_script
+from sglang_supervisor_api.cli.exits import EPILOG, EXIT_ERROR
+from sglang_supervisor_api.cli.inspect_commands import (
+    cmd_events,
+    cmd_levers,
+    cmd_logs,
+    cmd_schema,
+    cmd_status,
+)
+from sglang_supervisor_api.cli.operation_commands import cmd_apply, cmd_cancel, cmd_control
+from sglang_supervisor_api.cli.options import add_client_options, add_follow_options
+from sglang_supervisor_api.cli.plan import add_plan_parser, run_plan
+from sglang_supervisor_api.cli.rollout import add_rollout_parser, run_rollout
+from sglang_supervisor_api.cli.runner import ClientCommand, run_client_command
+from sglang_supervisor_api.cli.serve import add_serve_parser, run_serve
 
 
 def _client_parser(

@@ -9,15 +9,21 @@ import contextlib
 import math
 import sys
 
-from api.cli.client import Client, Json
-from api.cli.client_errors import ClientError, Ended
-from api.cli.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, UsageError, outcome_exit
-from api.cli.follow import OperationFollower
-from api.cli.levers_input import lever_changes_from_args
-from api.cli.output import err, out, print_json
-from api.cli.render import lever_changes
-from api.cli.render_live import log_line, phase_line
-from api.cli.text import duration, terminal_width
+from sglang_supervisor_api.cli.client import Client, Json
+from sglang_supervisor_api.cli.client_errors import ClientError, Ended
+from sglang_supervisor_api.cli.exits import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    UsageError,
+    outcome_exit,
+)
+from sglang_supervisor_api.cli.follow import OperationFollower
+from sglang_supervisor_api.cli.levers_input import lever_changes_from_args
+from sglang_supervisor_api.cli.output import err, out, print_json
+from sglang_supervisor_api.cli.render import lever_changes
+from sglang_supervisor_api.cli.render_live import log_line, phase_line
+from sglang_supervisor_api.cli.text import duration, terminal_width
 
 
 def cmd_apply(args: argparse.Namespace, client: Client) -> int:

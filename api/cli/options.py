@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from api.cli.client import Client, resolve_token, resolve_url
+from sglang_supervisor_api.cli.client import Client, resolve_token, resolve_url
 
 
 def add_client_options(p: argparse.ArgumentParser) -> None:

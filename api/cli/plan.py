@@ -9,10 +9,10 @@ the proposed levers as one apply operation (``POST /levers?wait=true``) and exit
 when it succeeded.
 
 ``--url``, ``--token``/``--token-file`` and ``--json`` are the other client commands'
-(``api.cli.options``), and so are the client, its errors and their exit codes
-(``api.cli.runner``): 0 done; 1 the daemon unreachable or another error; 2 bad arguments,
-inputs that cannot be planned for, or levers refused; 3 the apply rolled back; 4 it failed;
-5 another operation is running.
+(``sglang_supervisor_api.cli.options``), and so are the client, its errors and their exit codes
+(``sglang_supervisor_api.cli.runner``): 0 done; 1 the daemon unreachable or another error; 2 bad
+arguments, inputs that cannot be planned for, or levers refused; 3 the apply rolled back; 4 it
+failed; 5 another operation is running.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from api.cli.client import Client
-from api.cli.exits import EXIT_INVALID, EXIT_OK, UsageError, outcome_exit
-from api.cli.options import add_client_options
-from api.cli.output import err, out, print_json, show
-from api.cli.plan_render import render_apply, render_plan
-from api.cli.runner import run_client_command
+from sglang_supervisor_api.cli.client import Client
+from sglang_supervisor_api.cli.exits import EXIT_INVALID, EXIT_OK, UsageError, outcome_exit
+from sglang_supervisor_api.cli.options import add_client_options
+from sglang_supervisor_api.cli.output import err, out, print_json, show
+from sglang_supervisor_api.cli.plan_render import render_apply, render_plan
+from sglang_supervisor_api.cli.runner import run_client_command
 
 if TYPE_CHECKING:
-    from supervisor.planner import ModelSpec
+    from sglang_supervisor.planner import ModelSpec
 
 # The planner (and psutil) are imported when planning, not for every command's parser.
 
@@ -68,7 +68,7 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _read_model(args: argparse.Namespace) -> ModelSpec | None:
-    from supervisor import planner
+    from sglang_supervisor import planner
 
     if args.model is not None:
         return planner.load_model_dir(args.model.expanduser())
@@ -96,9 +96,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
 def plan_offline(args: argparse.Namespace, model: ModelSpec) -> Json:
     import psutil
 
-    from supervisor import planner
-    from supervisor.planner import Hardware
-    from supervisor.units import GiB
+    from sglang_supervisor import planner
+    from sglang_supervisor.planner import Hardware
+    from sglang_supervisor.units import GiB
 
     """The plan computed here, for SGLang's defaults at ``tp_size`` = ``--gpus``."""
     if args.gpus is None or args.gpu_memory is None:
@@ -130,7 +130,7 @@ def plan_offline(args: argparse.Namespace, model: ModelSpec) -> Json:
 
 
 def _plan_body(args: argparse.Namespace, model: ModelSpec | None) -> Json:
-    from supervisor import planner
+    from sglang_supervisor import planner
 
     body: Json = {}
     if model is not None:
@@ -157,7 +157,7 @@ def _plan_body(args: argparse.Namespace, model: ModelSpec | None) -> Json:
 
 def run_plan(args: argparse.Namespace) -> int:
     """Run ``sglang-supervisor plan``; returns the exit status (see the module docstring)."""
-    from supervisor.planner import PlanError
+    from sglang_supervisor.planner import PlanError
 
     try:
         _check_numbers(args)
@@ -174,7 +174,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def _plan_with_daemon(args: argparse.Namespace, client: Client, model: ModelSpec | None) -> int:
     """The daemon's plan (``POST /plan``); with ``--apply`` its levers applied, waiting."""
-    from supervisor.planner import PlanError
+    from sglang_supervisor.planner import PlanError
 
     try:
         body = _plan_body(args, model)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervisor.units import GB, GiB, MiB
+from sglang_supervisor.units import GB, GiB, MiB
 
 Json = dict[str, Any]
 

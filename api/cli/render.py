@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from api.cli.text import clip, clock, duration, gib, table, terminal_width, value
+from sglang_supervisor_api.cli.text import clip, clock, duration, gib, table, terminal_width, value
 
 Json = dict[str, Any]
 

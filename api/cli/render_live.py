@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from api.cli.text import clip, duration, epoch_clock, value
-from supervisor.units import GiB
+from sglang_supervisor.units import GiB
+from sglang_supervisor_api.cli.text import clip, duration, epoch_clock, value
 
 
 def _stamp(elapsed_s: float) -> str:

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from api.cli.client import Client, Json, resolve_token
-from api.cli.client_errors import Busy, ClientError, Invalid
-from api.cli.exits import (
+from sglang_supervisor_api.cli.client import Client, Json, resolve_token
+from sglang_supervisor_api.cli.client_errors import Busy, ClientError, Invalid
+from sglang_supervisor_api.cli.exits import (
     EXIT_BUSY,
     EXIT_ERROR,
     EXIT_INVALID,
@@ -34,10 +34,10 @@ from api.cli.exits import (
     UsageError,
     outcome_exit,
 )
-from api.cli.follow import OperationFollower
-from api.cli.levers_input import lever_changes_from_args
-from api.cli.output import err, out, print_json
-from api.cli.text import duration
+from sglang_supervisor_api.cli.follow import OperationFollower
+from sglang_supervisor_api.cli.levers_input import lever_changes_from_args
+from sglang_supervisor_api.cli.output import err, out, print_json
+from sglang_supervisor_api.cli.text import duration
 
 
 @dataclass

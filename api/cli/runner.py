@@ -1,5 +1,6 @@
 """Running a client command: the client from the options, and every failure turned into a
-one-line message and an exit code (``api.cli.exits``), the same for every command."""
+one-line message and an exit code (``sglang_supervisor_api.cli.exits``), the same for every
+command."""
 
 from __future__ import annotations
 
@@ -7,12 +8,18 @@ import argparse
 import contextlib
 from collections.abc import Callable
 
-from api.cli.client import Client
-from api.cli.client_errors import Busy, ClientError, Invalid
-from api.cli.exits import EXIT_BUSY, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_INVALID, UsageError
-from api.cli.options import client_from_args
-from api.cli.output import err, err_detail, print_json
-from api.cli.render import running_operation
+from sglang_supervisor_api.cli.client import Client
+from sglang_supervisor_api.cli.client_errors import Busy, ClientError, Invalid
+from sglang_supervisor_api.cli.exits import (
+    EXIT_BUSY,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_INVALID,
+    UsageError,
+)
+from sglang_supervisor_api.cli.options import client_from_args
+from sglang_supervisor_api.cli.output import err, err_detail, print_json
+from sglang_supervisor_api.cli.render import running_operation
 
 ClientCommand = Callable[[argparse.Namespace, Client], int]
 

@@ -1,4 +1,5 @@
-"""``sglang-supervisor serve``: run the daemon in the foreground (``api.daemon.serve``)."""
+"""``sglang-supervisor serve``: run the daemon in the foreground
+(``sglang_supervisor_api.daemon.serve``)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from api.daemon_signals import process_signals
+from sglang_supervisor_api.daemon_signals import process_signals
 
 if TYPE_CHECKING:
-    from supervisor.config import Settings
+    from sglang_supervisor.config import Settings
 
 DESCRIPTION = (
     "Run the daemon in the foreground: it owns one SGLang server on a fixed set of GPUs "
@@ -60,7 +61,7 @@ def add_serve_parser(sub: Any) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """The config file with the command line's overrides. Raises ``ValueError``."""
-    from supervisor.config import load_settings
+    from sglang_supervisor.config import load_settings
 
     overrides: dict[str, Any] = {
         "api.host": args.host,
@@ -75,9 +76,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Run the daemon until it is stopped; its exit code (see ``api.daemon``)."""
+    """Run the daemon until it is stopped; its exit code (see ``sglang_supervisor_api.daemon``)."""
     # First, before the server side's imports: a SIGTERM from now on is recorded and
-    # honoured once the daemon runs (``api.cli.main`` may have done it even earlier).
+    # honoured once the daemon runs (``sglang_supervisor_api.cli.main`` may have done it even
+    # earlier).
     signals = process_signals()
     signals.install()
     try:
@@ -85,17 +87,17 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"sglang-supervisor: {exc}", file=sys.stderr)
         return 2
-    from api.auth import AuthConfigError, check_listen, load_token
+    from sglang_supervisor_api.auth import AuthConfigError, check_listen, load_token
 
     try:  # refused at once, before the server side's imports (serve checks again)
         check_listen(settings.api.host, load_token(settings.api.token_file))
     except AuthConfigError as exc:
         print(f"sglang-supervisor: {exc}", file=sys.stderr)
         return 2
-    from api.logsetup import setup_logging
+    from sglang_supervisor_api.logsetup import setup_logging
 
     setup_logging(args.log_level or settings.log_level, getattr(args, "log_format", "text"))
-    from api.daemon import serve  # the server side, only when serving
+    from sglang_supervisor_api.daemon import serve  # the server side, only when serving
 
     try:
         return run_until_stopped(

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from api.cli.client import Client
-from api.cli.client_errors import ClientError, NotFound
-from api.cli.render_live import log_line
-from api.cli.text import terminal_width
+from sglang_supervisor_api.cli.client import Client
+from sglang_supervisor_api.cli.client_errors import ClientError, NotFound
+from sglang_supervisor_api.cli.render_live import log_line
+from sglang_supervisor_api.cli.text import terminal_width
 
 Emit = Callable[[str], None]
 

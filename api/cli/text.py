@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from supervisor.units import fmt_gib
+from sglang_supervisor.units import fmt_gib
 
 
 def terminal_width(default: int = 100) -> int:

@@ -14,27 +14,27 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from supervisor import preflight as host_preflight
-from supervisor.engine.errors import Busy
-from supervisor.engine.release import members_now
-from supervisor.engine.validation import not_run_of, validate_with_sglang
-from supervisor.gpu import FOREIGN_ADVICE, GpuQueryError, GpuSample, foreign_holders
-from supervisor.levers import (
+from sglang_supervisor.engine.errors import Busy
+from sglang_supervisor.engine.release import members_now
+from sglang_supervisor.engine.validation import not_run_of, validate_with_sglang
+from sglang_supervisor.host import preflight as host_preflight
+from sglang_supervisor.host.gpu import FOREIGN_ADVICE, GpuQueryError, GpuSample, foreign_holders
+from sglang_supervisor.operations import FAILED, Operation
+from sglang_supervisor.phases import OpKind, PhaseName
+from sglang_supervisor.planner import PlanError, load_model_dir
+from sglang_supervisor.planner.hostpool import DevicePool
+from sglang_supervisor.planner.inputs import lever_bool, lever_float
+from sglang_supervisor.sglang.levers import (
     LeverError,
     LeverProblem,
     LeverSet,
 )
-from supervisor.operations import FAILED, Operation
-from supervisor.phases import OpKind, PhaseName
-from supervisor.planner import PlanError, load_model_dir
-from supervisor.planner.hostpool import DevicePool
-from supervisor.planner.inputs import lever_bool, lever_float
-from supervisor.router import RouterError
-from supervisor.states import IDLE_STATES, ServerState
-from supervisor.units import MiB, fmt_mib
+from sglang_supervisor.sglang.router import RouterError
+from sglang_supervisor.states import IDLE_STATES, ServerState
+from sglang_supervisor.units import MiB, fmt_mib
 
 if TYPE_CHECKING:
-    from supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.engine.supervisor import Supervisor
 
 log = logging.getLogger("supervisor")
 S = ServerState

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from supervisor.operations import Operation
+from sglang_supervisor.operations import Operation
 
 
 class Busy(RuntimeError):

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from supervisor.backend import ServerHandle
-from supervisor.levers import LeverSet
-from supervisor.store import PersistedState, RecordedServer, Store, StoreError
+from sglang_supervisor.host.backend import ServerHandle
+from sglang_supervisor.sglang.levers import LeverSet
+from sglang_supervisor.store import PersistedState, RecordedServer, Store, StoreError
 
 log = logging.getLogger("supervisor")
 

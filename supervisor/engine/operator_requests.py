@@ -10,14 +10,14 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from supervisor.engine import checks, transaction
-from supervisor.engine.errors import NoSuchOperation, NotCancellable, OperationFinished
-from supervisor.engine.registry import MAX_OPERATIONS
-from supervisor.operations import SUCCEEDED, Operation
-from supervisor.phases import OpKind
+from sglang_supervisor.engine import checks, transaction
+from sglang_supervisor.engine.errors import NoSuchOperation, NotCancellable, OperationFinished
+from sglang_supervisor.engine.registry import MAX_OPERATIONS
+from sglang_supervisor.operations import SUCCEEDED, Operation
+from sglang_supervisor.phases import OpKind
 
 if TYPE_CHECKING:
-    from supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.engine.supervisor import Supervisor
 
 log = logging.getLogger("supervisor")
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from supervisor.backend import ServerHandle
-from supervisor.ports import PortsUnreadable, describe_pid
+from sglang_supervisor.host.backend import ServerHandle
+from sglang_supervisor.host.ports import PortsUnreadable, describe_pid
 
 if TYPE_CHECKING:
-    from supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.engine.supervisor import Supervisor
 
 
 def _holders_text(holders: list[int | None], port: int) -> str:

@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from supervisor.levers import LeverError, LeverSet, check_levers
-from supervisor.store import PREV_FILE, STATE_FILE, PersistedState
+from sglang_supervisor.sglang.levers import LeverError, LeverSet, check_levers
+from sglang_supervisor.store import PREV_FILE, STATE_FILE, PersistedState
 
 if TYPE_CHECKING:
-    from supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.engine.supervisor import Supervisor
 
 log = logging.getLogger("supervisor")
 

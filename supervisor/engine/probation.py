@@ -9,12 +9,12 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from supervisor.backend import ServerHandle
-from supervisor.engine.server import StartFailed, exit_reason, pause
-from supervisor.operations import Operation, wall_iso
+from sglang_supervisor.engine.server import StartFailed, exit_reason, pause
+from sglang_supervisor.host.backend import ServerHandle
+from sglang_supervisor.operations import Operation, wall_iso
 
 if TYPE_CHECKING:
-    from supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.engine.supervisor import Supervisor
 
 
 async def watch_probation(sup: Supervisor, op: Operation, handle: ServerHandle) -> None:

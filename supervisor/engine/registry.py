@@ -11,13 +11,13 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from supervisor.engine.errors import Busy
-from supervisor.engine.journal import Journal
-from supervisor.engine.server import Cancelled
-from supervisor.events import EventBus
-from supervisor.levers import LeverSet
-from supervisor.operations import FAILED, SUCCEEDED, Operation
-from supervisor.phases import OpKind, OpState
+from sglang_supervisor.engine.errors import Busy
+from sglang_supervisor.engine.journal import Journal
+from sglang_supervisor.engine.server import Cancelled
+from sglang_supervisor.observe.events import EventBus
+from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation
+from sglang_supervisor.phases import OpKind, OpState
+from sglang_supervisor.sglang.levers import LeverSet
 
 log = logging.getLogger("supervisor")
 

@@ -10,18 +10,18 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from supervisor import preflight
-from supervisor.backend import ServerHandle
-from supervisor.gpu import FOREIGN_ADVICE, GpuSample, wait_released
-from supervisor.levers import LeverSet
-from supervisor.operations import FAILED, SUCCEEDED, Operation
-from supervisor.phases import PhaseName
-from supervisor.states import ServerState
-from supervisor.teardown import TeardownReport
-from supervisor.units import GiB, MiB
+from sglang_supervisor.host import preflight
+from sglang_supervisor.host.backend import ServerHandle
+from sglang_supervisor.host.gpu import FOREIGN_ADVICE, GpuSample, wait_released
+from sglang_supervisor.host.teardown import TeardownReport
+from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation
+from sglang_supervisor.phases import PhaseName
+from sglang_supervisor.sglang.levers import LeverSet
+from sglang_supervisor.states import ServerState
+from sglang_supervisor.units import GiB, MiB
 
 if TYPE_CHECKING:
-    from supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.engine.supervisor import Supervisor
 
 log = logging.getLogger("supervisor")
 S = ServerState
@@ -36,8 +36,8 @@ def members_now(sup: Supervisor) -> set[int]:
 async def teardown(
     sup: Supervisor, handle: ServerHandle | None, *, exclude_tag: str | None = None
 ) -> TeardownReport:
-    """The staged stop (``supervisor.teardown``): SIGTERM to the launcher alone and up to
-    ``stop_grace_s`` for it to drain and exit (no wait when the shutdown is forced, also
+    """The staged stop (``sglang_supervisor.host.teardown``): SIGTERM to the launcher alone and up
+    to ``stop_grace_s`` for it to drain and exit (no wait when the shutdown is forced, also
     once it is forced in the middle of that wait), then SIGTERM to every member left,
     SIGKILL to the survivors. Every process of this instance goes (but the launch tagged
     ``exclude_tag``: one being adopted). Runs to its end in a worker thread."""

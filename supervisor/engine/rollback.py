@@ -9,16 +9,16 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from supervisor.engine import routing
-from supervisor.engine.release import stop_and_release
-from supervisor.engine.server import Cancelled, launch_until_ready
-from supervisor.levers import LeverSet
-from supervisor.operations import FAILED, ROLLED_BACK, Operation
-from supervisor.phases import OpKind, PhaseName, PhasePrefix, prefixed
-from supervisor.states import ServerState
+from sglang_supervisor.engine import routing
+from sglang_supervisor.engine.release import stop_and_release
+from sglang_supervisor.engine.server import Cancelled, launch_until_ready
+from sglang_supervisor.operations import FAILED, ROLLED_BACK, Operation
+from sglang_supervisor.phases import OpKind, PhaseName, PhasePrefix, prefixed
+from sglang_supervisor.sglang.levers import LeverSet
+from sglang_supervisor.states import ServerState
 
 if TYPE_CHECKING:
-    from supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.engine.supervisor import Supervisor
 
 S = ServerState
 log = logging.getLogger("supervisor")

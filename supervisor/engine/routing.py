@@ -17,13 +17,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from supervisor.operations import FAILED, SUCCEEDED, Operation
-from supervisor.phases import PhaseName
-from supervisor.router import RouterError
-from supervisor.states import ServerState
+from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation
+from sglang_supervisor.phases import PhaseName
+from sglang_supervisor.sglang.router import RouterError
+from sglang_supervisor.states import ServerState
 
 if TYPE_CHECKING:
-    from supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.engine.supervisor import Supervisor
 
 log = logging.getLogger("supervisor")
 S = ServerState
@@ -76,7 +76,7 @@ def drain_bound(sup: Supervisor, asked_s: float) -> float:
 async def leave_and_drain(sup: Supervisor, op: Operation) -> None:
     """Before the operator's stop or restart of a serving server: out of the router, then
     drained. A server that is not ready is only taken out (best effort)."""
-    from supervisor.engine.transaction import drain  # the drain step lives there
+    from sglang_supervisor.engine.transaction import drain  # the drain step lives there
 
     if not sup.router.enabled:
         return

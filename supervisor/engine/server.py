@@ -19,19 +19,20 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from supervisor import diskspace, serverlogs
-from supervisor.backend import ServerHandle
-from supervisor.engine import ownership
-from supervisor.gpu import cuda_visible_devices
-from supervisor.levers import LeverSet, render_argv
-from supervisor.operations import FAILED, SUCCEEDED, Operation, wall_iso
-from supervisor.phases import PhaseName
-from supervisor.serverenv import server_environ
-from supervisor.states import ServerState
-from supervisor.telemetry import tail_lines
+from sglang_supervisor import diskspace
+from sglang_supervisor.engine import ownership
+from sglang_supervisor.host.backend import ServerHandle
+from sglang_supervisor.host.gpu import cuda_visible_devices
+from sglang_supervisor.host.serverenv import server_environ
+from sglang_supervisor.observe import serverlogs
+from sglang_supervisor.observe.telemetry import tail_lines
+from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation, wall_iso
+from sglang_supervisor.phases import PhaseName
+from sglang_supervisor.sglang.levers import LeverSet, render_argv
+from sglang_supervisor.states import ServerState
 
 if TYPE_CHECKING:
-    from supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.engine.supervisor import Supervisor
 
 log = logging.getLogger("supervisor")
 S = ServerState
@@ -151,7 +152,7 @@ async def launch_until_ready(
         await wait_ready(sup, op, handle)
         ph.end(SUCCEEDED, f"pid {handle.pid} ready")
         if probation and sup.settings.timeouts.probation_s > 0:
-            from supervisor.engine.probation import watch_probation  # it uses this module
+            from sglang_supervisor.engine.probation import watch_probation  # it uses this module
 
             ph = op.phase(PhaseName.PROBATION)
             await watch_probation(sup, op, handle)

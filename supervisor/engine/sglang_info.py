@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from supervisor.schema import BUNDLED_VERSION
+from sglang_supervisor.sglang.schema import BUNDLED_VERSION
 
 FULL = "full"
 DEGRADED = "degraded"

@@ -10,14 +10,13 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from supervisor.backend import ServerHandle
-from supervisor.engine import persisted as persisted_levers
-from supervisor.engine import routing
-from supervisor.engine.checks import refuse_if_foreign
-from supervisor.engine.probation import watch_probation
-from supervisor.engine.release import members_now, stop_and_release, teardown
-from supervisor.engine.rollback import roll_back
-from supervisor.engine.server import (
+from sglang_supervisor.engine import persisted as persisted_levers
+from sglang_supervisor.engine import routing
+from sglang_supervisor.engine.checks import refuse_if_foreign
+from sglang_supervisor.engine.probation import watch_probation
+from sglang_supervisor.engine.release import members_now, stop_and_release, teardown
+from sglang_supervisor.engine.rollback import roll_back
+from sglang_supervisor.engine.server import (
     Cancelled,
     ServerInfo,
     StartFailed,
@@ -26,18 +25,19 @@ from supervisor.engine.server import (
     launch_until_ready,
     wait_ready,
 )
-from supervisor.engine.sglang_info import after_schema
-from supervisor.engine.transaction import commit, recover
-from supervisor.engine.validation import check_sglang, gpu_facts, warm_resolution
-from supervisor.gpu import GpuInfo, GpuQueryError, resolve_gpus
-from supervisor.levers import LeverError, LeverSet, check_levers
-from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
-from supervisor.phases import PhaseName, PhasePrefix, prefixed
-from supervisor.states import ServerState
-from supervisor.store import RecordedServer
+from sglang_supervisor.engine.sglang_info import after_schema
+from sglang_supervisor.engine.transaction import commit, recover
+from sglang_supervisor.engine.validation import check_sglang, gpu_facts, warm_resolution
+from sglang_supervisor.host.backend import ServerHandle
+from sglang_supervisor.host.gpu import GpuInfo, GpuQueryError, resolve_gpus
+from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
+from sglang_supervisor.phases import PhaseName, PhasePrefix, prefixed
+from sglang_supervisor.sglang.levers import LeverError, LeverSet, check_levers
+from sglang_supervisor.states import ServerState
+from sglang_supervisor.store import RecordedServer
 
 if TYPE_CHECKING:
-    from supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.engine.supervisor import Supervisor
 
 log = logging.getLogger("supervisor")
 S = ServerState

@@ -17,30 +17,30 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from supervisor.backend import Backend, ProcessOps
-from supervisor.config import Settings, instance_tag_prefix
-from supervisor.engine import checks, operator_requests, rollback, startup, transaction
-from supervisor.engine.journal import Journal
-from supervisor.engine.registry import OperationRegistry
-from supervisor.engine.release import teardown_budget
-from supervisor.engine.server import ServerInfo
-from supervisor.engine.sglang_info import SglangInfo
-from supervisor.engine.sglang_info import before_start as sglang_before_start
-from supervisor.engine.view import MembersCache, SupervisorView, gpu_status, snapshot
-from supervisor.engine.watch import Watcher
-from supervisor.events import EventBus
-from supervisor.gpu import GpuInfo, GpuSample
-from supervisor.health import HealthChecker
-from supervisor.levers import LeverSet, canonical_names
-from supervisor.operations import Operation
-from supervisor.phases import OpKind
-from supervisor.resolution import default_resolver
-from supervisor.router import NoRouter, WorkerLink
-from supervisor.schema import FlagSchema
-from supervisor.sglang_parser import LoadedSchema
-from supervisor.states import ServerState, check_transition
-from supervisor.store import Store
-from supervisor.telemetry import Throughput
+from sglang_supervisor.config import Settings, instance_tag_prefix
+from sglang_supervisor.engine import checks, operator_requests, rollback, startup, transaction
+from sglang_supervisor.engine.journal import Journal
+from sglang_supervisor.engine.registry import OperationRegistry
+from sglang_supervisor.engine.release import teardown_budget
+from sglang_supervisor.engine.server import ServerInfo
+from sglang_supervisor.engine.sglang_info import SglangInfo
+from sglang_supervisor.engine.sglang_info import before_start as sglang_before_start
+from sglang_supervisor.engine.view import MembersCache, SupervisorView, gpu_status, snapshot
+from sglang_supervisor.engine.watch import Watcher
+from sglang_supervisor.host.backend import Backend, ProcessOps
+from sglang_supervisor.host.gpu import GpuInfo, GpuSample
+from sglang_supervisor.observe.events import EventBus
+from sglang_supervisor.observe.health import HealthChecker
+from sglang_supervisor.observe.telemetry import Throughput
+from sglang_supervisor.operations import Operation
+from sglang_supervisor.phases import OpKind
+from sglang_supervisor.sglang.levers import LeverSet, canonical_names
+from sglang_supervisor.sglang.parser import LoadedSchema
+from sglang_supervisor.sglang.resolution import default_resolver
+from sglang_supervisor.sglang.router import NoRouter, WorkerLink
+from sglang_supervisor.sglang.schema import FlagSchema
+from sglang_supervisor.states import ServerState, check_transition
+from sglang_supervisor.store import Store
 
 log = logging.getLogger("supervisor")
 S = ServerState

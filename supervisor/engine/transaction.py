@@ -13,26 +13,26 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from supervisor.engine import routing
-from supervisor.engine.checks import refuse_if_foreign
-from supervisor.engine.release import members_now, stop_and_release
-from supervisor.engine.rollback import roll_back
-from supervisor.engine.server import (
+from sglang_supervisor.engine import routing
+from sglang_supervisor.engine.checks import refuse_if_foreign
+from sglang_supervisor.engine.release import members_now, stop_and_release
+from sglang_supervisor.engine.rollback import roll_back
+from sglang_supervisor.engine.server import (
     SHUTDOWN_REASON,
     Cancelled,
     checkpoint,
     launch_until_ready,
     pause,
 )
-from supervisor.levers import LeverSet
-from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
-from supervisor.phases import OPERATOR_LAUNCHES, OpKind, PhaseName, PhasePrefix
-from supervisor.states import ServerState
-from supervisor.store import StoreError
-from supervisor.telemetry import parse_metrics
+from sglang_supervisor.observe.telemetry import parse_metrics
+from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
+from sglang_supervisor.phases import OPERATOR_LAUNCHES, OpKind, PhaseName, PhasePrefix
+from sglang_supervisor.sglang.levers import LeverSet
+from sglang_supervisor.states import ServerState
+from sglang_supervisor.store import StoreError
 
 if TYPE_CHECKING:
-    from supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.engine.supervisor import Supervisor
 
 S = ServerState
 log = logging.getLogger("supervisor")

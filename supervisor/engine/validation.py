@@ -1,7 +1,7 @@
 """Validation of a lever set before the stop: the schema and lever limits, then SGLang's
-own verdict (its parser, resolution pipeline and checks, run by ``supervisor.resolution``),
-the degraded paths when SGLang cannot answer, and the checks that did not run. Nothing
-here changes anything.
+own verdict (its parser, resolution pipeline and checks, run by
+``sglang_supervisor.sglang.resolution``), the degraded paths when SGLang cannot answer, and the
+checks that did not run. Nothing here changes anything.
 """
 
 from __future__ import annotations
@@ -12,35 +12,35 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from supervisor.engine.server import flags, server_env
-from supervisor.engine.sglang_info import CHECKING, after_helper
-from supervisor.lever_limits import launch_topology_problems
-from supervisor.lever_paths import path_kinds
-from supervisor.levers import (
+from sglang_supervisor.engine.server import flags, server_env
+from sglang_supervisor.engine.sglang_info import CHECKING, after_helper
+from sglang_supervisor.planner.sharding import model_dir_sharding_problems
+from sglang_supervisor.sglang.lever_limits import launch_topology_problems
+from sglang_supervisor.sglang.lever_paths import path_kinds
+from sglang_supervisor.sglang.levers import (
     LeverError,
     LeverProblem,
     LeverSet,
     check_gpu_placement,
     check_levers,
 )
-from supervisor.planner.sharding import model_dir_sharding_problems
-from supervisor.resolution import (
+from sglang_supervisor.sglang.parser import (
+    ParserUnavailable,
+    check_argv,
+    lever_for_message,
+    levers_for_message,
+)
+from sglang_supervisor.sglang.resolution import (
     GpuFacts,
     ResolutionUnavailable,
     Verdict,
     default_resolver,
     resolve_levers,
 )
-from supervisor.sglang_parser import (
-    ParserUnavailable,
-    check_argv,
-    lever_for_message,
-    levers_for_message,
-)
-from supervisor.slurm.settings import check_node_levers
+from sglang_supervisor.slurm.settings import check_node_levers
 
 if TYPE_CHECKING:
-    from supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.engine.supervisor import Supervisor
 
 log = logging.getLogger("supervisor")
 
@@ -151,7 +151,7 @@ async def validate_with_sglang(
     GPU ids within the managed GPUs, the env allowlist;
     (b) SGLang's own launch-time validation, in the server's interpreter, environment and
     working directory: ``prepare_server_args``, its resolution pipeline and
-    ``check_server_args``, with the managed GPUs' facts (``supervisor.resolution``).
+    ``check_server_args``, with the managed GPUs' facts (``sglang_supervisor.sglang.resolution``).
     Skipped, with a warning in /status, when the interpreter has no SGLang.
     Returns the canonical set, a line saying what ran (and what did not), and SGLang's
     verdict (None when (b) did not run).

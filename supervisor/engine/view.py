@@ -15,15 +15,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from supervisor.engine.release import members_now
-from supervisor.gpu import GpuInfo, GpuQueryError
-from supervisor.levers import LeverSet
-from supervisor.schema import FlagSchema
-from supervisor.states import ServerState
-from supervisor.telemetry import Throughput
+from sglang_supervisor.engine.release import members_now
+from sglang_supervisor.host.gpu import GpuInfo, GpuQueryError
+from sglang_supervisor.observe.telemetry import Throughput
+from sglang_supervisor.sglang.levers import LeverSet
+from sglang_supervisor.sglang.schema import FlagSchema
+from sglang_supervisor.states import ServerState
 
 if TYPE_CHECKING:
-    from supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.engine.supervisor import Supervisor
 
 _EMPTY: Mapping[Any, Any] = MappingProxyType({})
 

@@ -14,15 +14,15 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from supervisor import serverlogs
-from supervisor.engine.server import exit_reason
-from supervisor.health import Probe
-from supervisor.states import ServerState
-from supervisor.telemetry import Throughput, last_decode_line, parse_metrics
-from supervisor.units import MiB
+from sglang_supervisor.engine.server import exit_reason
+from sglang_supervisor.observe import serverlogs
+from sglang_supervisor.observe.health import Probe
+from sglang_supervisor.observe.telemetry import Throughput, last_decode_line, parse_metrics
+from sglang_supervisor.states import ServerState
+from sglang_supervisor.units import MiB
 
 if TYPE_CHECKING:
-    from supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.engine.supervisor import Supervisor
 
 log = logging.getLogger("supervisor")
 S = ServerState

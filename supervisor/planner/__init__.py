@@ -1,20 +1,14 @@
 """KV-cache capacity math and lever recommendations for SGLang 0.5.23.
 
-Pure functions and dataclasses; the only I/O is reading a model directory
-(``checkpoint``). The simulated server sizes its pools with these same functions.
-
-* ``model`` / ``checkpoint``: a model's attention shape, layer kinds and weights;
-* ``cells``: bytes per token (full, sliding-window, draft) and per request state;
-* ``memory``: SGLang's reserve and default ``mem_fraction_static``;
-* ``pools``: one rank's full, sliding-window and Mamba pools, ``max_running_requests``;
-* ``hicache``: the host pool, SGLang's auto-sizing, the host RAM as SGLang bounds it;
-* ``capacity``: what one lever set gives; ``proposal`` / ``notes`` / ``report``: the plan.
+Pure functions of a model shape, a lever set and the hardware: no I/O, no processes.
+May import: the shared vocabulary (top level) and ``sglang.layout``. Used by ``host``
+(preflight), ``sim`` and the API's ``/plan``.
 """
 
 from __future__ import annotations
 
-from supervisor.planner.capacity import Capacity, Hardware, LiveLoad, capacity
-from supervisor.planner.cells import (
+from sglang_supervisor.planner.capacity import Capacity, Hardware, LiveLoad, capacity
+from sglang_supervisor.planner.cells import (
     Cells,
     cell_bytes,
     cells,
@@ -22,7 +16,7 @@ from supervisor.planner.cells import (
     is_fp8,
     kv_element_bits,
 )
-from supervisor.planner.checkpoint import (
+from sglang_supervisor.planner.checkpoint import (
     estimate_params,
     estimate_weight_bytes,
     load_model_dir,
@@ -30,20 +24,20 @@ from supervisor.planner.checkpoint import (
     read_config,
     weight_bytes_from_dir,
 )
-from supervisor.planner.hicache import (
+from sglang_supervisor.planner.hicache import (
     DEFAULT_HICACHE_RATIO,
     SGLANG_HOST_RAM_MARGIN,
     host_pool_bytes_per_rank,
     host_pool_tokens,
 )
-from supervisor.planner.inputs import (
+from sglang_supervisor.planner.inputs import (
     lever_bool,
     lever_float,
     lever_int,
     parallel_sizes,
     parse_count,
 )
-from supervisor.planner.memory import (
+from sglang_supervisor.planner.memory import (
     MIN_ACTIVATION_TOKENS,
     Reserve,
     decode_graph_sizes,
@@ -56,8 +50,8 @@ from supervisor.planner.memory import (
     sglang_default_fraction,
     sglang_reserve,
 )
-from supervisor.planner.model import GB, GiB, MiB, ModelShape, ModelSpec, PlanError
-from supervisor.planner.pools import (
+from sglang_supervisor.planner.model import GB, GiB, MiB, ModelShape, ModelSpec, PlanError
+from sglang_supervisor.planner.pools import (
     Pools,
     kv_tokens,
     loaded_weight_bytes_per_rank,
@@ -65,7 +59,7 @@ from supervisor.planner.pools import (
     pools,
     weight_bytes_per_rank,
 )
-from supervisor.planner.proposal import (
+from sglang_supervisor.planner.proposal import (
     MAX_PROPOSED_GRAPH_BS,
     PROPOSED_FP8_DTYPE,
     Resolver,
@@ -73,7 +67,7 @@ from supervisor.planner.proposal import (
     host_cache_budget_per_rank,
     propose,
 )
-from supervisor.planner.report import LeverNote, Plan
+from sglang_supervisor.planner.report import LeverNote, Plan
 
 #: The average request length assumed when neither the caller nor the live server says.
 DEFAULT_AVG_TOKENS = 4096

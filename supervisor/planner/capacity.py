@@ -6,13 +6,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from supervisor.layout import Layout
-from supervisor.planner.hicache import auto_ratio, auto_sized, host_pool_tokens
-from supervisor.planner.inputs import lever_bool, lever_float, lever_int
-from supervisor.planner.memory import sglang_reserve
-from supervisor.planner.model import ModelSpec
-from supervisor.planner.pools import pools
-from supervisor.planner.stopcost import StopBudget
+from sglang_supervisor.planner.hicache import auto_ratio, auto_sized, host_pool_tokens
+from sglang_supervisor.planner.inputs import lever_bool, lever_float, lever_int
+from sglang_supervisor.planner.memory import sglang_reserve
+from sglang_supervisor.planner.model import ModelSpec
+from sglang_supervisor.planner.pools import pools
+from sglang_supervisor.planner.stopcost import StopBudget
+from sglang_supervisor.sglang.layout import Layout
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.layout import Layout
-from supervisor.planner.inputs import lever_float, speculative
-from supervisor.planner.model import ModelShape
+from sglang_supervisor.planner.inputs import lever_float, speculative
+from sglang_supervisor.planner.model import ModelShape
+from sglang_supervisor.sglang.layout import Layout
 
 #: SGLang's default ``swa_full_tokens_ratio``.
 DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from supervisor.planner.model import (
+from sglang_supervisor.planner.model import (
     MiB,
     ModelShape,
     ModelSpec,

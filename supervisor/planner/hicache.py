@@ -21,9 +21,9 @@ from typing import Any
 
 import psutil
 
-from supervisor.layout import Layout
-from supervisor.planner.inputs import lever_bool, lever_float, lever_int
-from supervisor.planner.model import GB, GiB
+from sglang_supervisor.planner.inputs import lever_bool, lever_float, lever_int
+from sglang_supervisor.planner.model import GB, GiB
+from sglang_supervisor.sglang.layout import Layout
 
 #: SGLang refuses a host pool larger than the available RAM minus this margin
 #: (``HICACHE_HOST_MEMORY_RESERVE_BYTES``).

@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.planner.inputs import lever_bool, lever_float, lever_int
-from supervisor.planner.model import GB, ModelSpec
-from supervisor.planner.pools import pools
+from sglang_supervisor.planner.inputs import lever_bool, lever_float, lever_int
+from sglang_supervisor.planner.model import GB, ModelSpec
+from sglang_supervisor.planner.pools import pools
 
 
 @dataclass(frozen=True)

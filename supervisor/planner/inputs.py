@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from supervisor.layout import Layout
+from sglang_supervisor.sglang.layout import Layout
 
 
 def parse_count(text: object) -> int | None:
@@ -49,7 +49,8 @@ def lever_bool(levers: Mapping[str, Any], name: str) -> bool:
 
 
 def parallel_sizes(levers: Mapping[str, Any]) -> tuple[int, int, int]:
-    """(tp, pp, dp replicas), each at least 1, as ``supervisor.layout`` resolves them."""
+    """(tp, pp, dp replicas), each at least 1, as ``sglang_supervisor.sglang.layout`` resolves
+    them."""
     shape = Layout.of(levers)
     return shape.tp_size, shape.pp_size, shape.dp_size
 

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from supervisor.layout import Layout
-from supervisor.planner.inputs import deepep, lever_bool, lever_float, lever_int, parse_count
-from supervisor.planner.model import MiB
+from sglang_supervisor.planner.inputs import deepep, lever_bool, lever_float, lever_int, parse_count
+from sglang_supervisor.planner.model import MiB
+from sglang_supervisor.sglang.layout import Layout
 
 #: SGLang's floor on activation tokens, and the smallest chunk the planner proposes.
 MIN_ACTIVATION_TOKENS = 2048

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.units import GB as GB
-from supervisor.units import GiB as GiB
-from supervisor.units import MiB as MiB
+from sglang_supervisor.units import GB as GB
+from sglang_supervisor.units import GiB as GiB
+from sglang_supervisor.units import MiB as MiB
 
 
 class PlanError(ValueError):

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from supervisor.planner.capacity import Capacity, Hardware
-from supervisor.planner.inputs import lever_bool, parse_count, speculative
-from supervisor.planner.model import GB, GiB, MiB, ModelSpec
+from sglang_supervisor.planner.capacity import Capacity, Hardware
+from sglang_supervisor.planner.inputs import lever_bool, parse_count, speculative
+from sglang_supervisor.planner.model import GB, GiB, MiB, ModelSpec
 
 
 def fraction_over_rule(now: Capacity) -> float:

@@ -24,9 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.layout import Layout
-from supervisor.planner.cells import Cells, cells
-from supervisor.planner.inputs import (
+from sglang_supervisor.planner.cells import Cells, cells
+from sglang_supervisor.planner.inputs import (
     lever_bool,
     lever_float,
     lever_int,
@@ -34,8 +33,9 @@ from supervisor.planner.inputs import (
     requested_max_running,
     speculative,
 )
-from supervisor.planner.memory import effective_fraction, sglang_default_chunked_prefill
-from supervisor.planner.model import MiB, ModelSpec
+from sglang_supervisor.planner.memory import effective_fraction, sglang_default_chunked_prefill
+from sglang_supervisor.planner.model import MiB, ModelSpec
+from sglang_supervisor.sglang.layout import Layout
 
 #: SGLang's default ``mamba_full_memory_ratio`` (``arg_groups/fields/schedule.py:220-227``).
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9

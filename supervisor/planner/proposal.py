@@ -5,28 +5,28 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from supervisor.layout import Layout
-from supervisor.planner.capacity import Capacity, Hardware, LiveLoad, capacity
-from supervisor.planner.cells import is_fp8
-from supervisor.planner.hicache import (
+from sglang_supervisor.planner.capacity import Capacity, Hardware, LiveLoad, capacity
+from sglang_supervisor.planner.cells import is_fp8
+from sglang_supervisor.planner.hicache import (
     SGLANG_HOST_RAM_MARGIN,
     auto_sized,
     host_pool_bytes_per_rank,
 )
-from supervisor.planner.inputs import lever_bool, lever_int
-from supervisor.planner.memory import (
+from sglang_supervisor.planner.inputs import lever_bool, lever_int
+from sglang_supervisor.planner.memory import (
     LARGE_GPU_MIB,
     MIN_ACTIVATION_TOKENS,
     round_up_graph_bs,
     sglang_default_chunked_prefill,
     sglang_reserve,
 )
-from supervisor.planner.model import GB, GiB, MiB, ModelSpec, PlanError
-from supervisor.planner.notes import honest_notes
-from supervisor.planner.pools import pools
-from supervisor.planner.report import LeverNote, Plan, in_effect, reason
-from supervisor.planner.sharding import head_problem
-from supervisor.planner.stopcost import StopBudget
+from sglang_supervisor.planner.model import GB, GiB, MiB, ModelSpec, PlanError
+from sglang_supervisor.planner.notes import honest_notes
+from sglang_supervisor.planner.pools import pools
+from sglang_supervisor.planner.report import LeverNote, Plan, in_effect, reason
+from sglang_supervisor.planner.sharding import head_problem
+from sglang_supervisor.planner.stopcost import StopBudget
+from sglang_supervisor.sglang.layout import Layout
 
 #: Host RAM the planner leaves to the OS, page cache, the tokenizer and detokenizer and the
 #: daemon, on top of SGLang's margin: 10% of what is available, at least 8 GiB.
@@ -67,7 +67,7 @@ def host_cache_budget_per_rank(
     """Bytes of pinned host pool one rank may take: (available − SGLang's 10 GiB margin −
     OS headroom) / ranks, never negative. The total always fits SGLang's own check; with
     ``stop``, its teardown deadline also fits the service's stop budget (unpinning is
-    slow: ``supervisor.planner.stopcost``)."""
+    slow: ``sglang_supervisor.planner.stopcost``)."""
     headroom = max(OS_HEADROOM_MIN_BYTES, int(host_ram_available_bytes * OS_HEADROOM_FRACTION))
     budget = host_ram_available_bytes - SGLANG_HOST_RAM_MARGIN - headroom
     per_rank = max(0, budget // max(1, ranks))

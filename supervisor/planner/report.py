@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from supervisor.planner.capacity import Capacity, Hardware, LiveLoad
-from supervisor.planner.model import GB, ModelSpec
+from sglang_supervisor.planner.capacity import Capacity, Hardware, LiveLoad
+from sglang_supervisor.planner.model import GB, ModelSpec
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from supervisor.layout import Layout
-from supervisor.planner.inputs import lever_int
+from sglang_supervisor.planner.inputs import lever_int
+from sglang_supervisor.sglang.layout import Layout
 
 
 def _text(config: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -4,7 +4,7 @@ Exiting with pinned host memory costs ≈0.2 s per pinned GiB, with SIGTERM or S
 alike (measured on an H200 host: 48 GiB → 9.5–10 s; /work/shared/DESIGN.md, the unit's
 comments in systemd/sglang-supervisor.service). The daemon's own teardown deadline is
 ``stop_grace_s + kill_timeout_s + release_timeout_s + release_s_per_pinned_gib × GiB``
-(``supervisor.engine.release.teardown_budget``), and the unit's ``TimeoutStopSec`` must
+(``sglang_supervisor.engine.release.teardown_budget``), and the unit's ``TimeoutStopSec`` must
 cover it, or systemd SIGKILLs the daemon in the middle of verifying the release
 (docs/systemd.md). ``[timeouts] stop_budget_s`` is that ``TimeoutStopSec`` (360 in the
 shipped unit): the plan keeps its proposal's deadline within it.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.units import GiB
+from sglang_supervisor.units import GiB
 
 #: Measured exit cost per pinned GiB (H200 host, DESIGN.md).
 MEASURED_S_PER_PINNED_GIB = 0.2

@@ -14,7 +14,7 @@ after ready, on the first prefill whose tokens need more activation memory than 
 prefill up to the chunk fits.
 
 The simulated server "serves" one model and sizes its KV pool with
-``supervisor.planner`` — the same functions ``POST /plan`` uses — so a plan's predicted
+``sglang_supervisor.planner`` — the same functions ``POST /plan`` uses — so a plan's predicted
 ``max_total_num_tokens`` is exactly what the simulation reports. The model is, in order:
 
 1. ``--model-path`` when it is a local directory with a ``config.json`` (weights from its
@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor import planner
-from supervisor.layout import Layout
-from supervisor.planner import ModelSpec, PlanError
-from supervisor.planner.hicache import HICACHE_HOST_MEMORY_FRACTION, auto_sized
-from supervisor.sim.load import LOAD_ENV, parse_load
-from supervisor.units import GiB, MiB
+from sglang_supervisor import planner
+from sglang_supervisor.planner import ModelSpec, PlanError
+from sglang_supervisor.planner.hicache import HICACHE_HOST_MEMORY_FRACTION, auto_sized
+from sglang_supervisor.sglang.layout import Layout
+from sglang_supervisor.sim.load import LOAD_ENV, parse_load
+from sglang_supervisor.units import GiB, MiB
 
 #: The simulated host's available RAM (GiB) for the hierarchical cache's auto-sizing.
 HOST_RAM_ENV = "SGLANG_SIM_HOST_RAM_GIB"
@@ -107,7 +107,7 @@ def resolve_model(model_path: str, env: Mapping[str, str]) -> ModelSpec:
 
 
 def cell_bytes(model: ModelSpec, tp_size: int, kv_cache_dtype: str | None, pp_size: int = 1) -> int:
-    """KV bytes one token takes on one rank (``supervisor.planner.cell_bytes``)."""
+    """KV bytes one token takes on one rank (``sglang_supervisor.planner.cell_bytes``)."""
     return planner.cell_bytes(model.shape, tp_size, kv_cache_dtype, pp_size)
 
 

@@ -1,4 +1,4 @@
-"""The simulated server's child processes: one ``supervisor.sim.rank`` per rank (each holds
+"""The simulated server's child processes: one ``sglang_supervisor.sim.rank`` per rank (each holds
 its GPU memory in the simulated-GPU registry) plus a detokenizer, as SGLang's launcher
 spawns its schedulers and detokenizer."""
 
@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from supervisor.sim.faults import Faults
-from supervisor.sim.flags import log
+from sglang_supervisor.sim.faults import Faults
+from sglang_supervisor.sim.flags import log
 
 #: How long the ranks may take to start and register their memory.
 REGISTER_TIMEOUT_S = 30.0
@@ -51,7 +51,13 @@ class Children:
     ranks: list[Child] = field(default_factory=list)
 
     def _argv(self, extra: Sequence[str]) -> list[str]:
-        argv = [sys.executable, "-m", "supervisor.sim.rank", "--registry", str(self.registry)]
+        argv = [
+            sys.executable,
+            "-m",
+            "sglang_supervisor.sim.rank",
+            "--registry",
+            str(self.registry),
+        ]
         if self.faults.ignore_sigterm:
             argv.append("--ignore-sigterm")
         if self.faults.detach_ranks:

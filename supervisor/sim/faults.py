@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from supervisor.sim import envlist
+from sglang_supervisor.sim import envlist
 
 FAULTS_ENV = "SGLANG_SIM_FAULTS"
 _SWITCHES = ("crash_on_start", "hang_on_start", "ignore_sigterm", "detach_ranks")

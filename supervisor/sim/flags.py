@@ -15,12 +15,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from supervisor import planner
-from supervisor.layout import Layout
-from supervisor.schema import FlagSchema, FlagSpec, load_bundled
-from supervisor.sim.faults import FAULTS_ENV, Faults, parse_faults
-from supervisor.sim.gpus import DEFAULT_MEMORY_MIB, sim_gpu_uuid
-from supervisor.sim.load import DECODE_TOKENS_PER_S, LOAD_ENV, LoadSpec, parse_load
+from sglang_supervisor import planner
+from sglang_supervisor.sglang.layout import Layout
+from sglang_supervisor.sglang.schema import FlagSchema, FlagSpec, load_bundled
+from sglang_supervisor.sim.faults import FAULTS_ENV, Faults, parse_faults
+from sglang_supervisor.sim.gpus import DEFAULT_MEMORY_MIB, sim_gpu_uuid
+from sglang_supervisor.sim.load import DECODE_TOKENS_PER_S, LOAD_ENV, LoadSpec, parse_load
 
 DEFAULT_CONTEXT_LENGTH = 131072
 #: SGLang's /health and /health_generate run a one-token generation and poll for its
@@ -48,7 +48,9 @@ def log(message: str, who: str = "") -> None:
 def _shadowed_specs(schema: FlagSchema) -> list[FlagSpec]:
     """Actions the schema folds away because they share a dest with a real flag (a
     deprecated spelling); SGLang's parser still accepts them, so the simulator must too."""
-    path = resources.files("supervisor").joinpath(f"data/sglang-{schema.sglang_version}.json")
+    path = resources.files("sglang_supervisor").joinpath(
+        f"data/sglang-{schema.sglang_version}.json"
+    )
     raw = json.loads(path.read_text())
     known = set(schema.by_option())
     extra = FlagSchema.from_probe_output(
@@ -210,7 +212,7 @@ class SimEnv:
                 "of the simulated GPU registry (the supervisor sets it in --simulate mode)"
             )
         if env.get("SGLANG_SIM_GPU_DIR_PER_NODE") == "1" and env.get("SLURMD_NODENAME"):
-            # Each Slurm node has its own simulated GPUs (supervisor.slurm.nodeprobe).
+            # Each Slurm node has its own simulated GPUs (sglang_supervisor.slurm.nodeprobe).
             registry = str(Path(registry) / env["SLURMD_NODENAME"])
         visible = env.get("CUDA_VISIBLE_DEVICES")
         if visible is None:

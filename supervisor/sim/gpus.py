@@ -1,6 +1,6 @@
 """Simulated GPUs: a ``GpuProbe`` over the registry the simulated server's ranks write.
 
-Each rank of ``supervisor.sim.server`` writes ``<registry>/<pid>.json`` =
+Each rank of ``sglang_supervisor.sim.server`` writes ``<registry>/<pid>.json`` =
 ``{"pid", "create_time", "gpu_uuid", "bytes"}`` (atomically, tmp + ``os.replace``). A GPU's
 used memory is its baseline plus the bytes of every registered pid that is alive, not a
 zombie and (when the entry records a create time) not a reused pid. So memory is "freed"
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.gpu import GpuInfo, GpuProcess, GpuQueryError, GpuSample
+from sglang_supervisor.host.gpu import GpuInfo, GpuProcess, GpuQueryError, GpuSample
 
 SIM_GPU_NAME = "NVIDIA H200 (simulated)"
 DEFAULT_MEMORY_MIB = 143771

@@ -17,10 +17,10 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from supervisor.sim import generate
-from supervisor.sim.flags import log
-from supervisor.sim.generate import BadRequest, GenRequest, Kind, Output, sse
-from supervisor.sim.load import Engine
+from sglang_supervisor.sim import generate
+from sglang_supervisor.sim.flags import log
+from sglang_supervisor.sim.generate import BadRequest, GenRequest, Kind, Output, sse
+from sglang_supervisor.sim.load import Engine
 
 #: uvicorn's (and SGLang's) listen backlog.
 BACKLOG = 2048

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from supervisor.sim.flags import ServerConfig
+from sglang_supervisor.sim.flags import ServerConfig
 
 
 def model_info(cfg: ServerConfig) -> dict[str, Any]:

@@ -15,7 +15,7 @@ only sets the same flag). The synthetic load's clients disconnect at the signal.
 
 Exit 1 on a start-up failure (CUDA-graph capture out of memory, too few GPUs, a fault, a
 child that died), and when a prefill runs out of activation memory after ready
-(``supervisor.sim.capacity``: where the fraction leaves less than the prefill needs).
+(``sglang_supervisor.sim.capacity``: where the fraction leaves less than the prefill needs).
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ import time
 from types import FrameType
 from typing import Any
 
-from supervisor.planner import ModelSpec
-from supervisor.schema import BUNDLED_VERSION
-from supervisor.sim import capacity, info, metrics
-from supervisor.sim.children import Children, ServerFailure, signal_name
-from supervisor.sim.flags import ServerConfig, SimEnv, log
-from supervisor.sim.http import HttpServer
-from supervisor.sim.load import LOAD_ENV, Engine
-from supervisor.sim.start_checks import check_gpus, check_start_faults
+from sglang_supervisor.planner import ModelSpec
+from sglang_supervisor.sglang.schema import BUNDLED_VERSION
+from sglang_supervisor.sim import capacity, info, metrics
+from sglang_supervisor.sim.children import Children, ServerFailure, signal_name
+from sglang_supervisor.sim.flags import ServerConfig, SimEnv, log
+from sglang_supervisor.sim.http import HttpServer
+from sglang_supervisor.sim.load import LOAD_ENV, Engine
+from sglang_supervisor.sim.start_checks import check_gpus, check_start_faults
 
 #: Seconds between time-driven checks of the main loop (children alive, faults, logging).
 TICK_S = 0.1

@@ -21,7 +21,7 @@ its own series.
 A prefill forward takes at most ``prefill_batch_tokens`` new tokens (the chunk); when the
 uncached prompt tokens a worker admits in one step (capped at the chunk) exceed
 ``prefill_limit_tokens`` — what ``mem_fraction_static`` leaves for activations
-(``supervisor.sim.capacity.prefill_limit_tokens``) — the prefill runs out of memory:
+(``sglang_supervisor.sim.capacity.prefill_limit_tokens``) — the prefill runs out of memory:
 admission stops and ``prefill_oom`` holds the tokens, for the launcher to crash on.
 
 The prefix cache holds the prompts (real requests) or shared prefixes (synthetic ones)
@@ -52,8 +52,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from supervisor.sim.scheduler import EngineStats, GenResult, Ticket, _Worker
-from supervisor.sim.workload import (
+from sglang_supervisor.sim.scheduler import EngineStats, GenResult, Ticket, _Worker
+from sglang_supervisor.sim.workload import (
     DECODE_TOKENS_PER_S,
     LOAD_ENV,
     MAX_CATCH_UP_S,

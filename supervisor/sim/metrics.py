@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from supervisor.sim.load import Engine
+from sglang_supervisor.sim.load import Engine
 
 SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
 TOKENIZER_LABELS = ("model_name", "engine_type")

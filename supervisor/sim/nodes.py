@@ -3,7 +3,7 @@ host:port``), shaped like SGLang 0.5.23 there (DESIGN.md "Servers that span seve
 hosts"):
 
 * every node runs its share of the ranks, ``tp × pp / nnodes``, on its own visible GPUs
-  (per Slurm node: ``SGLANG_SIM_GPU_DIR_PER_NODE``, ``supervisor.sim.flags``);
+  (per Slurm node: ``SGLANG_SIM_GPU_DIR_PER_NODE``, ``sglang_supervisor.sim.flags``);
 * start-up couples the nodes: node 0 listens on ``--dist-init-addr`` and every node meets
   it there (``SGLANG_SIM_RENDEZVOUS_S``, 60 s, to all arrive); each node says whether its
   GPUs are free of other processes, and when one is not, every node fails with SGLang's
@@ -31,13 +31,13 @@ from dataclasses import dataclass, fields
 from types import FrameType
 from typing import Any
 
-from supervisor.layout import Layout
-from supervisor.planner import ModelSpec
-from supervisor.sim import capacity
-from supervisor.sim.children import Children, ServerFailure
-from supervisor.sim.flags import ServerConfig, SimEnv, log
-from supervisor.sim.gpus import holds_memory, read_registry
-from supervisor.sim.lifecycle import Launcher
+from sglang_supervisor.planner import ModelSpec
+from sglang_supervisor.sglang.layout import Layout
+from sglang_supervisor.sim import capacity
+from sglang_supervisor.sim.children import Children, ServerFailure
+from sglang_supervisor.sim.flags import ServerConfig, SimEnv, log
+from sglang_supervisor.sim.gpus import holds_memory, read_registry
+from sglang_supervisor.sim.lifecycle import Launcher
 
 UNBALANCED = "The memory capacity is unbalanced. Some GPUs may be occupied by other processes."
 

@@ -49,7 +49,7 @@ def register(registry: Path, gpu_uuid: str, nbytes: int) -> Path:
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m supervisor.sim.rank")
+    p = argparse.ArgumentParser(prog="python -m sglang_supervisor.sim.rank")
     p.add_argument("--registry", type=Path, required=True)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--gpu-uuid", default="")

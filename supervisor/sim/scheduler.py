@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict, deque
 from typing import NamedTuple
 
-from supervisor.sim.workload import HIT_RATE_WINDOW, Request
+from sglang_supervisor.sim.workload import HIT_RATE_WINDOW, Request
 
 
 class EngineStats(NamedTuple):

@@ -1,7 +1,7 @@
-"""The simulated SGLang server: ``python -m supervisor.sim.server <SGLang launch flags>``.
+"""The simulated SGLang server: ``python -m sglang_supervisor.sim.server <SGLang launch flags>``.
 
 A real process tree shaped like SGLang 0.5.23's: this launcher serves SGLang's HTTP
-endpoints and logs SGLang-shaped lines; it spawns one ``supervisor.sim.rank`` child per
+endpoints and logs SGLang-shaped lines; it spawns one ``sglang_supervisor.sim.rank`` child per
 rank (tp × dp × pp), each "holding" GPU memory through the simulated-GPU registry, plus a
 detokenizer child. The flags are parsed by a parser built from the bundled 0.5.23 schema,
 so exactly SGLang's flags are accepted (an unknown one exits 2, as SGLang does).
@@ -12,15 +12,15 @@ Environment:
   entry ``base_gpu_id + r × gpu_id_step``. Unset: the 8 default simulated GPUs.
 * ``SGLANG_SIM_GPU_DIR`` (required) — the registry directory of ``SimGpuProbe``.
 * ``SGLANG_SIM_GPU_MEMORY_MIB`` (143771), ``SGLANG_SIM_STARTUP_S`` (1.5: the simulated
-  model load), ``SGLANG_SIM_FAULTS`` (see ``supervisor.sim.faults``). Memory runs out where
-  SGLang's does (``supervisor.sim.capacity``): at CUDA-graph capture, or on the first
+  model load), ``SGLANG_SIM_FAULTS`` (see ``sglang_supervisor.sim.faults``). Memory runs out where
+  SGLang's does (``sglang_supervisor.sim.capacity``): at CUDA-graph capture, or on the first
   prefill that needs more activation memory than ``--mem-fraction-static`` leaves.
 * ``SGLANG_SIM_LOAD`` — a synthetic workload bounded by the KV pool (see
-  ``supervisor.sim.load``).
+  ``sglang_supervisor.sim.load``).
 * ``SGLANG_SIM_MODEL_CONFIG`` — a config.json for the served model when ``--model-path``
-  is not a local model directory (see ``supervisor.sim.capacity``).
+  is not a local model directory (see ``sglang_supervisor.sim.capacity``).
 
-The KV pool (``max_total_num_tokens``) is sized by ``supervisor.planner`` — the same math
+The KV pool (``max_total_num_tokens``) is sized by ``sglang_supervisor.planner`` — the same math
 as ``POST /plan`` — including SGLang's own default ``mem_fraction_static`` when the flag
 is unset.
 
@@ -29,13 +29,13 @@ is unset.
   /health_generate takes (a one-token generation SGLang polls once a second);
   ``SGLANG_SIM_DRAIN_CHECK_S`` (5.0) — the SIGTERM watchdog's interval.
 
-Endpoints (``supervisor.sim.http``): ``/generate``, ``/v1/completions``,
-``/v1/chat/completions`` (streaming or not, ``supervisor.sim.generate``), ``/health``,
+Endpoints (``sglang_supervisor.sim.http``): ``/generate``, ``/v1/completions``,
+``/v1/chat/completions`` (streaming or not, ``sglang_supervisor.sim.generate``), ``/health``,
 ``/health_generate``, ``/server_info`` (and the deprecated ``/get_server_info``),
 ``/model_info`` (``/get_model_info``), ``/v1/models``, ``/metrics``.
 
 Signals: SIGTERM or SIGINT as SGLang 0.5.23 handles them — keep serving, drain with no
-deadline of its own, then stop the children and exit 0 (``supervisor.sim.lifecycle``).
+deadline of its own, then stop the children and exit 0 (``sglang_supervisor.sim.lifecycle``).
 Exit 1 on a start-up failure (capture OOM, too few GPUs, a fault, a child that died) or a
 prefill's CUDA out of memory.
 
@@ -51,9 +51,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from supervisor.sim import capacity
-from supervisor.sim.flags import ServerConfig, SimEnv, build_parser, log
-from supervisor.sim.lifecycle import Launcher
+from sglang_supervisor.sim import capacity
+from sglang_supervisor.sim.flags import ServerConfig, SimEnv, build_parser, log
+from sglang_supervisor.sim.lifecycle import Launcher
 
 __all__ = ["build_parser", "main"]
 
@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     cfg = ServerConfig.from_namespace(ns)
     if (getattr(ns, "nnodes", None) or 1) > 1:
-        from supervisor.sim.nodes import run_node
+        from sglang_supervisor.sim.nodes import run_node
 
         return run_node(cfg, env, model)
     return Launcher(cfg, env, model).run()

@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from supervisor.sim import capacity
-from supervisor.sim.children import ServerFailure
-from supervisor.sim.faults import crash_report
-from supervisor.sim.gpus import sim_gpu_index
+from sglang_supervisor.sim import capacity
+from sglang_supervisor.sim.children import ServerFailure
+from sglang_supervisor.sim.faults import crash_report
+from sglang_supervisor.sim.gpus import sim_gpu_index
 
 if TYPE_CHECKING:
-    from supervisor.sim.lifecycle import Launcher
+    from sglang_supervisor.sim.lifecycle import Launcher
 
 
 def check_gpus(launcher: Launcher) -> None:

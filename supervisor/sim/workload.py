@@ -1,12 +1,12 @@
 """The simulated server's synthetic workload: ``SGLANG_SIM_LOAD``, parsed (see
-``supervisor.sim.load`` for what the engine does with it)."""
+``sglang_supervisor.sim.load`` for what the engine does with it)."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-from supervisor.sim import envlist
+from sglang_supervisor.sim import envlist
 
 LOAD_ENV = "SGLANG_SIM_LOAD"
 #: Simulated speeds: decode tokens/s of one request, prefill tokens/s.
@@ -21,7 +21,7 @@ MAX_CATCH_UP_S = 2.0
 
 @dataclass(frozen=True)
 class LoadSpec:
-    """A synthetic workload (``SGLANG_SIM_LOAD``; see ``supervisor.sim.load``)."""
+    """A synthetic workload (``SGLANG_SIM_LOAD``; see ``sglang_supervisor.sim.load``)."""
 
     rate: float
     avg_tokens: int

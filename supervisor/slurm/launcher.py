@@ -2,7 +2,7 @@
 
 ``spawn`` runs, on this host, ``srun --overlap --nodes=N --ntasks-per-node=1
 --nodelist=<the allocation's first N nodes> --kill-on-bad-exit=1 --job-name=<launch tag>
-python -m supervisor.slurm.task -- <server> --dist-init-addr <node 0>:<port>``; each task
+python -m sglang_supervisor.slurm.task -- <server> --dist-init-addr <node 0>:<port>``; each task
 adds its ``--node-rank`` and execs the server. The handle is that local ``srun`` (a
 ``process.Launch``): it exits when the step ends, and the step ends when any task dies
 (``--kill-on-bad-exit``), so a rank dying on any node is seen here as the launcher's exit.
@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor import ports, process
-from supervisor.backend import ServerHandle
-from supervisor.gpu import GpuQueryError
-from supervisor.slurm.allocation import Allocation, node_address
-from supervisor.slurm.probe import NodeRunner
-from supervisor.slurm.settings import SlurmSettings
-from supervisor.teardown import Survivor, TeardownReport
-from supervisor.teardown import teardown as stop_tree
+from sglang_supervisor.host import ports, process
+from sglang_supervisor.host.backend import ServerHandle
+from sglang_supervisor.host.gpu import GpuQueryError
+from sglang_supervisor.host.teardown import Survivor, TeardownReport
+from sglang_supervisor.host.teardown import teardown as stop_tree
+from sglang_supervisor.slurm.allocation import Allocation, node_address
+from sglang_supervisor.slurm.probe import NodeRunner
+from sglang_supervisor.slurm.settings import SlurmSettings
 
 _POLL_S = 0.05
 log = logging.getLogger("supervisor")
@@ -106,7 +106,7 @@ class SlurmProcessOps:
             *self.slurm.extra_args,
             self.python,
             "-m",
-            "supervisor.slurm.task",
+            "sglang_supervisor.slurm.task",
             "--",
             *server,
         ]

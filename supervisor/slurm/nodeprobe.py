@@ -1,5 +1,5 @@
-"""The per-node probe: ``python -m supervisor.slurm.nodeprobe [options]``, run on every
-node of the allocation through ``srun --overlap`` (``supervisor.slurm.probe``).
+"""The per-node probe: ``python -m sglang_supervisor.slurm.nodeprobe [options]``, run on every
+node of the allocation through ``srun --overlap`` (``sglang_supervisor.slurm.probe``).
 
 Prints one JSON line about this node (``SLURMD_NODENAME``):
 
@@ -10,7 +10,7 @@ Prints one JSON line about this node (``SLURMD_NODENAME``):
   less ``--exclude-tag``);
 * with ``--signal-leader SIG``, on the probe's first node only (the server step's node 0):
   the pids of the step's task there (tagged ``--tag``, child of ``slurmstepd``: the
-  server's launcher, which ``supervisor.slurm.task`` execs) that got ``SIG``, under
+  server's launcher, which ``sglang_supervisor.slurm.task`` execs) that got ``SIG``, under
   ``signalled``;
 * with ``--port-holders PORT``: the pids listening on that TCP port, under
   ``port_holders`` (the rendezvous port of ``--dist-init-addr`` on node 0);
@@ -34,12 +34,12 @@ from typing import Any
 
 import psutil
 
-from supervisor.gpu import GpuProbe, GpuQueryError
-from supervisor.process import find_members
+from sglang_supervisor.host.gpu import GpuProbe, GpuQueryError
+from sglang_supervisor.host.process import find_members
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m supervisor.slurm.nodeprobe")
+    p = argparse.ArgumentParser(prog="python -m sglang_supervisor.slurm.nodeprobe")
     p.add_argument("--sim-registry", help="base directory of the simulated GPUs' registry")
     p.add_argument("--sim-gpus", type=int, default=8)
     p.add_argument("--sim-mib", type=int, default=143771)
@@ -62,12 +62,12 @@ def node_name() -> str:
 def gpu_probe(ns: argparse.Namespace) -> GpuProbe:
     """This node's simulated GPUs (``<registry>/<node>``), else NVML."""
     if ns.sim_registry:
-        from supervisor.sim.gpus import SimGpuProbe, prepare_registry
+        from sglang_supervisor.sim.gpus import SimGpuProbe, prepare_registry
 
         registry = Path(ns.sim_registry) / node_name()
         prepare_registry(registry)
         return SimGpuProbe(registry, ns.sim_gpus, ns.sim_mib, ns.sim_baseline_mib)
-    from supervisor.nvml import NvmlProbe
+    from sglang_supervisor.host.nvml import NvmlProbe
 
     return NvmlProbe()
 

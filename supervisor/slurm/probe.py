@@ -1,9 +1,9 @@
-"""Every node's facts through Slurm: ``NodeRunner`` runs ``supervisor.slurm.nodeprobe`` on
+"""Every node's facts through Slurm: ``NodeRunner`` runs ``sglang_supervisor.slurm.nodeprobe`` on
 nodes of the allocation with ``srun --overlap``; ``SlurmGpuProbe`` is the ``GpuProbe``
 merging their GPUs.
 
 The merged GPUs are numbered node by node in the allocation's order (node 0's GPUs
-first), each named ``<node>/<uuid>`` (the form ``supervisor.slurm.task`` narrows
+first), each named ``<node>/<uuid>`` (the form ``sglang_supervisor.slurm.task`` narrows
 ``CUDA_VISIBLE_DEVICES`` by) and its samples carry the node, so a foreign process is named
 with its node. Pids are the nodes' own: members come from the same per-node probes, so a
 pid is judged on the node that reported it (two nodes may report the same pid number:
@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.gpu import GpuInfo, GpuProcess, GpuQueryError, GpuSample
-from supervisor.process import TAG_ENV
-from supervisor.slurm.settings import SlurmSettings
+from sglang_supervisor.host.gpu import GpuInfo, GpuProcess, GpuQueryError, GpuSample
+from sglang_supervisor.host.process import TAG_ENV
+from sglang_supervisor.slurm.settings import SlurmSettings
 
 _LABELLED = re.compile(r"^\s*(\d+): (.*)$")
 
@@ -78,7 +78,7 @@ class NodeRunner:
             *self.slurm.probe_args,
             self.python,
             "-m",
-            "supervisor.slurm.nodeprobe",
+            "sglang_supervisor.slurm.nodeprobe",
             *self.probe_args,
             *extra,
         ]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.backend import Backend
-from supervisor.config import Settings
-from supervisor.slurm.allocation import require_allocation
-from supervisor.slurm.launcher import SlurmProcessOps
-from supervisor.slurm.probe import NodeRunner, SlurmGpuProbe
+from sglang_supervisor.config import Settings
+from sglang_supervisor.host.backend import Backend
+from sglang_supervisor.slurm.allocation import require_allocation
+from sglang_supervisor.slurm.launcher import SlurmProcessOps
+from sglang_supervisor.slurm.probe import NodeRunner, SlurmGpuProbe
 
 
 def slurm_backend(

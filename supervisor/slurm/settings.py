@@ -2,7 +2,7 @@
 
 ``nnodes`` is a lever (the nodes the server spans, at most the allocation's); each node's
 ``--node-rank`` and the group's ``--dist-init-addr`` are rendered by the launcher
-(``supervisor.slurm.task``), never set by a lever. On the local launcher a server spans
+(``sglang_supervisor.slurm.task``), never set by a lever. On the local launcher a server spans
 one host: ``nnodes`` > 1 is refused there.
 """
 
@@ -124,9 +124,9 @@ def check_node_levers(
     env: Mapping[str, str] | None = None,
 ) -> list[tuple[str, str]]:
     """``node_lever_problems`` with this daemon's facts: the allocation's node count from
-    Slurm's environment, and its managed GPUs (every node's, ``supervisor.slurm.probe``)
+    Slurm's environment, and its managed GPUs (every node's, ``sglang_supervisor.slurm.probe``)
     shared evenly among the nodes."""
-    from supervisor.slurm.allocation import allocation_nodes
+    from sglang_supervisor.slurm.allocation import allocation_nodes
 
     nodes = allocation_nodes(env) if launcher == "slurm" else None
     per_node = managed_count // nodes if nodes else None

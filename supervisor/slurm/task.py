@@ -1,5 +1,5 @@
 """What each task of the server's job step runs on its node:
-``python -m supervisor.slurm.task -- <server command and flags>``.
+``python -m sglang_supervisor.slurm.task -- <server command and flags>``.
 
 It renders this node's share of the launch and then becomes the server (``exec``), so the
 task Slurm tracks is the server's own launcher:
@@ -7,7 +7,7 @@ task Slurm tracks is the server's own launcher:
 * ``--node-rank`` from ``SLURM_NODEID`` (the node's index in the step; the step's first
   node, rank 0, is the allocation's first node, whose address is ``--dist-init-addr``);
 * ``CUDA_VISIBLE_DEVICES`` narrowed to this node's managed GPUs: the supervisor names
-  every node's GPUs as ``<node>/<uuid>`` (``supervisor.slurm.probe``), and the entries of
+  every node's GPUs as ``<node>/<uuid>`` (``sglang_supervisor.slurm.probe``), and the entries of
   ``SLURMD_NODENAME`` are kept, without the node.
 
 Exit 2 when Slurm did not say which node this is.
@@ -42,7 +42,7 @@ def node_argv(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], d
     node = env.get("SLURMD_NODENAME", "")
     if not rank.isdigit() or not node:
         raise ValueError(
-            "SLURM_NODEID/SLURMD_NODENAME are not set: supervisor.slurm.task runs as a task "
+            "SLURM_NODEID/SLURMD_NODENAME are not set: sglang_supervisor.slurm.task runs as a task "
             "of the server's job step (srun), never by itself"
         )
     new_env = dict(env)
@@ -56,12 +56,14 @@ def main(args: Sequence[str] | None = None) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        print("usage: python -m supervisor.slurm.task -- COMMAND [FLAGS...]", file=sys.stderr)
+        print(
+            "usage: python -m sglang_supervisor.slurm.task -- COMMAND [FLAGS...]", file=sys.stderr
+        )
         return 2
     try:
         final, env = node_argv(argv, os.environ)
     except ValueError as exc:
-        print(f"supervisor.slurm.task: {exc}", file=sys.stderr)
+        print(f"sglang_supervisor.slurm.task: {exc}", file=sys.stderr)
         return 2
     sys.stdout.flush()
     os.execvpe(final[0], final, env)  # an argv list, never a shell

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from supervisor.sim.gpus import SimGpuProbe
+from sglang_supervisor.sim.gpus import SimGpuProbe
 from tests.benchmarks.common import (
     Context,
     Result,

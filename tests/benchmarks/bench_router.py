@@ -115,7 +115,14 @@ def _daemon(tmp: Path, k: int, router_url: str | None, s: Scenario) -> Daemon:
 
 
 def _rollout(daemons: list[Daemon]) -> tuple[int, float, str]:
-    argv = [sys.executable, "-m", "api.cli", "rollout", "--set", "mem_fraction_static=0.84"]
+    argv = [
+        sys.executable,
+        "-m",
+        "sglang_supervisor_api.cli",
+        "rollout",
+        "--set",
+        "mem_fraction_static=0.84",
+    ]
     for d in daemons:
         argv += ["--daemon", d.url]
     t0 = time.monotonic()

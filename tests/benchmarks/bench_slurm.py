@@ -112,8 +112,8 @@ def measure_bare(cluster: SlurmCluster, job: str, tmp: Path, runs: int) -> list[
     argv = [
         "srun", "--overlap", f"--jobid={job}", "-N2", "--ntasks-per-node=1",
         "--kill-on-bad-exit=1", f"--job-name={name}",
-        sys.executable, "-m", "supervisor.slurm.task", "--",
-        sys.executable, "-m", "supervisor.sim.server", "--model-path", "sim/llama",
+        sys.executable, "-m", "sglang_supervisor.slurm.task", "--",
+        sys.executable, "-m", "sglang_supervisor.sim.server", "--model-path", "sim/llama",
         "--tp-size", "16", "--nnodes", "2", "--host", "127.0.0.1", "--port", str(port),
         "--dist-init-addr", f"localhost:{free_port()}", "--enable-metrics",
     ]  # fmt: skip

@@ -4,9 +4,9 @@ The tree: the simulated server with ``--tp-size 8`` (launcher + 8 ranks + detoke
 10 processes, each rank holding 0.85 × 140 GiB of a simulated H200), start-up 0 s.
 Methods, alternated within every repetition (the order rotates):
 
-* ``supervisor``: ``supervisor.teardown.teardown`` (the staged stop: SIGTERM to the
+* ``supervisor``: ``sglang_supervisor.host.teardown.teardown`` (the staged stop: SIGTERM to the
   launcher alone, up to ``stop_grace_s`` for it to drain and exit, then SIGTERM to the
-  members left, then SIGKILL) then ``supervisor.gpu.wait_released`` on ``SimGpuProbe``,
+  members left, then SIGKILL) then ``sglang_supervisor.host.gpu.wait_released`` on ``SimGpuProbe``,
   both with the daemon's defaults (``TimeoutSettings``: grace, ``release_samples``
   consecutive clean samples ``release_interval_s`` apart, ``release_tolerance_mib``) —
   what a stop costs in the daemon, minus HTTP and bookkeeping;
@@ -33,8 +33,8 @@ import signal
 import time
 from typing import Any
 
-from supervisor import process, teardown
-from supervisor.gpu import wait_released
+from sglang_supervisor.host import process, teardown
+from sglang_supervisor.host.gpu import wait_released
 from tests.benchmarks.common import (
     PRODUCTION,
     Context,

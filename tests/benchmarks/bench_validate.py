@@ -1,5 +1,6 @@
 """The second stage of validation: SGLang 0.5.23's own parser, resolution pipeline and
-checks, run in the server's interpreter (``supervisor.resolution``). Goal: ≤ 3 s median.
+checks, run in the server's interpreter (``sglang_supervisor.sglang.resolution``). Goal: ≤ 3 s
+median.
 
 Prints, for the SGLang environment given (default ``.venv-sglang``, the test
 environment built by ``scripts/sglang-parser-env.sh``):
@@ -23,9 +24,9 @@ import statistics
 import time
 from pathlib import Path
 
-from supervisor.levers import LeverSet, check_levers, render_argv
-from supervisor.resolution import GpuFacts, Resolver
-from supervisor.schema import load_bundled
+from sglang_supervisor.sglang.levers import LeverSet, check_levers, render_argv
+from sglang_supervisor.sglang.resolution import GpuFacts, Resolver
+from sglang_supervisor.sglang.schema import load_bundled
 from tests.integration.sglang_corpus import BAD, CAUGHT_BY_LIMITS, GOOD
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import psutil
 
-from supervisor import process
-from supervisor.config import TimeoutSettings
-from supervisor.sim.gpus import SimGpuProbe, prepare_registry, sim_gpu_uuid
+from sglang_supervisor.config import TimeoutSettings
+from sglang_supervisor.host import process
+from sglang_supervisor.sim.gpus import SimGpuProbe, prepare_registry, sim_gpu_uuid
 from tests.helpers import Daemon
 
 TAG_ENV = process.TAG_ENV
@@ -35,7 +35,7 @@ BENCH_TAG_PREFIX = "sgs-bench"
 SIM_MEMORY_MIB = 143771
 GIB = 2**30
 
-#: The production defaults of ``[timeouts]`` (``supervisor.config.TimeoutSettings``), so
+#: The production defaults of ``[timeouts]`` (``sglang_supervisor.config.TimeoutSettings``), so
 #: that a benchmark daemon runs what an operator runs, unlike the tests' fast ones; only
 #: ``ready_timeout_s`` is shorter (a broken start fails in 2 minutes, not 30).
 PRODUCTION = TimeoutSettings()
@@ -290,7 +290,7 @@ def sim_argv(port: int, tp: int = 8, mem_fraction: float = 0.85) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "supervisor.sim.server",
+        "sglang_supervisor.sim.server",
         "--model-path",
         "sim/llama",
         "--tp-size",

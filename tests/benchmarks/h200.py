@@ -10,8 +10,9 @@ The stand-in (``tests/benchmarks/h200_standin.py``): an HTTP launcher and 4 torc
 children holding 30 GiB each on one GPU; rank 0 ignores SIGTERM and pins host memory
 (8 GiB and 48 GiB: two cases). Per case, alternating, the same tree is stopped
 
-* by the supervisor: ``supervisor.teardown.teardown`` (SIGTERM to the group and every member,
-  SIGKILL after ``--grace-s``) then ``supervisor.gpu.wait_released`` on ``NvmlProbe``
+* by the supervisor: ``sglang_supervisor.host.teardown.teardown`` (SIGTERM to the group and every
+member,
+  SIGKILL after ``--grace-s``) then ``sglang_supervisor.host.gpu.wait_released`` on ``NvmlProbe``
   with the daemon's defaults (``TimeoutSettings``: release_samples consecutive clean
   samples release_interval_s apart, release_tolerance_mib);
 * by a bare script: ``killpg(SIGKILL)``, then wait until NVML shows the memory free and
@@ -47,8 +48,8 @@ from typing import Any
 
 import psutil
 
-from supervisor import process, teardown
-from supervisor.gpu import GpuInfo, GpuProbe, GpuQueryError, wait_released
+from sglang_supervisor.host import process, teardown
+from sglang_supervisor.host.gpu import GpuInfo, GpuProbe, GpuQueryError, wait_released
 
 GIB = 2**30
 STANDIN = Path(__file__).with_name("h200_standin.py")
@@ -118,7 +119,7 @@ class Bench:
         self.work = Path(tempfile.mkdtemp(prefix="h200-bench-"))
         self.results: dict[str, Any] = {"meta": {}, "runs": [], "swap": None, "errors": []}
         self.probe, self.gpu, self.cuda_env = self._probe()
-        from supervisor.config import TimeoutSettings
+        from sglang_supervisor.config import TimeoutSettings
 
         #: The daemon's defaults: release samples, their interval, the tolerance.
         self.timeouts = TimeoutSettings()
@@ -128,7 +129,7 @@ class Bench:
 
     def _probe(self) -> tuple[GpuProbe, GpuInfo, dict[str, str]]:
         if self.args.dry_run:
-            from supervisor.sim.gpus import SimGpuProbe, sim_gpu_uuid
+            from sglang_supervisor.sim.gpus import SimGpuProbe, sim_gpu_uuid
 
             registry = self.work / "sim-gpus"
             registry.mkdir()
@@ -136,8 +137,8 @@ class Bench:
             probe: GpuProbe = SimGpuProbe(registry, count=1)
             gpu = probe.devices()[0]
             return probe, gpu, {"CUDA_VISIBLE_DEVICES": sim_gpu_uuid(0)}
-        from supervisor.gpu import cuda_visible_devices
-        from supervisor.nvml import NvmlProbe
+        from sglang_supervisor.host.gpu import cuda_visible_devices
+        from sglang_supervisor.host.nvml import NvmlProbe
 
         self.sim_registry = ""
         probe = NvmlProbe()
@@ -417,14 +418,14 @@ class Bench:
         self.save()
 
     async def _swap(self) -> dict[str, Any]:
-        from supervisor.backend import Backend
-        from supervisor.config import ServerSettings, Settings, TimeoutSettings
-        from supervisor.engine import Supervisor
-        from supervisor.health import HttpHealthChecker
-        from supervisor.runtime import OsProcessOps
-        from supervisor.schema import load_bundled
-        from supervisor.states import ServerState
-        from supervisor.store import Store
+        from sglang_supervisor.config import ServerSettings, Settings, TimeoutSettings
+        from sglang_supervisor.engine import Supervisor
+        from sglang_supervisor.host.backend import Backend
+        from sglang_supervisor.observe.health import HttpHealthChecker
+        from sglang_supervisor.runtime import OsProcessOps
+        from sglang_supervisor.sglang.schema import load_bundled
+        from sglang_supervisor.states import ServerState
+        from sglang_supervisor.store import Store
 
         port = _free_port()
         first = self.standin_env(8.0, self.args.gib)

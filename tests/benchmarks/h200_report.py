@@ -267,8 +267,10 @@ def header(results: dict[str, Any]) -> list[str]:
         f"The stand-in (`tests/benchmarks/h200_standin.py`): an HTTP launcher and {m['ranks']} "
         f"torch ranks (`tests/gpu/standin.py`) holding {m['gib_per_rank']:g} GiB each on the GPU; "
         "rank 0 ignores SIGTERM and pins the case's host memory. Stopped alternately (a) by the "
-        "supervisor — `supervisor.process.teardown` (SIGTERM to the group and every member, "
-        f"SIGKILL after grace {m['grace_s']:g} s), then `supervisor.gpu.wait_released` on "
+        "supervisor — `sglang_supervisor.host.process.teardown` (SIGTERM to the group and every "
+        "member, "
+        f"SIGKILL after grace {m['grace_s']:g} s), then `sglang_supervisor.host.gpu.wait_released` "
+        f"on "
         f"`NvmlProbe` ({m.get('release_samples', 3)} clean samples "
         f"{m.get('release_interval_s', 0.05) * 1000:g} ms apart, {m['tolerance_mib']} MiB "
         "tolerance: the daemon's defaults) — and (b) by a bare script: `killpg(SIGKILL)`, wait "
@@ -438,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
             "",
             "## One swap through the Supervisor core",
             "",
-            "The apply transaction of `supervisor.engine.Supervisor` (run in-process, the stand-in "
+            "The apply transaction of `sglang_supervisor.engine.Supervisor` (run in-process, the "
+            "stand-in "
             "as its backend, `NvmlProbe`, production timeouts except stop_grace_s "
             f"{results['meta']['grace_s']:g} s and probation_s 0): 4 ranks × "
             f"{swap['from_env'].get('SGLANG_STANDIN_GIB')} GiB → "

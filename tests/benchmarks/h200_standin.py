@@ -15,7 +15,7 @@ ignores SIGTERM is left running, orphaned, until someone SIGKILLs it. A rank tha
 takes the launcher down (exit 1), like SGLang.
 
 Without a GPU (``SGLANG_STANDIN_SIM_REGISTRY=<dir>``) the ranks are simulated ones
-(``supervisor.sim.rank``, registering their bytes for ``SimGpuProbe``): a dry run of the
+(``sglang_supervisor.sim.rank``, registering their bytes for ``SimGpuProbe``): a dry run of the
 benchmark's flow.
 """
 
@@ -62,7 +62,13 @@ class Launcher:
     def rank_argv(self, rank: int) -> list[str]:
         if self.sim_registry:
             gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0]
-            argv = [sys.executable, "-m", "supervisor.sim.rank", "--registry", self.sim_registry]
+            argv = [
+                sys.executable,
+                "-m",
+                "sglang_supervisor.sim.rank",
+                "--registry",
+                self.sim_registry,
+            ]
             argv += ["--rank", str(rank), "--gpu-uuid", gpu, "--bytes", str(int(self.gib * 2**30))]
             return argv + (["--ignore-sigterm"] if rank in self.ignore else [])
         argv = [sys.executable, str(RANK_SCRIPT), "--rank", str(rank), "--gib", str(self.gib)]

@@ -29,7 +29,7 @@ from typing import Any
 
 import psutil
 
-from supervisor import process
+from sglang_supervisor.host import process
 from tests.benchmarks.common import Context, Result, kill_tagged, loadavg
 
 BENCHMARKS = {

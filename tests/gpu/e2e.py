@@ -29,7 +29,7 @@ from typing import Any
 
 import psutil
 
-from supervisor.gpu import GpuInfo, GpuProbe, GpuQueryError, cuda_visible_devices
+from sglang_supervisor.host.gpu import GpuInfo, GpuProbe, GpuQueryError, cuda_visible_devices
 
 HERE = Path(__file__).resolve().parent
 STANDIN_ROOT = HERE / "sglang_standin"
@@ -74,7 +74,7 @@ class Host:
         self.daemon_env: dict[str, str] = {}
         self.probe: GpuProbe
         if self.mode == "fake":
-            from supervisor.sim.gpus import SimGpuProbe
+            from sglang_supervisor.sim.gpus import SimGpuProbe
 
             registry = workdir / "fake-gpus"
             registry.mkdir()
@@ -91,7 +91,7 @@ class Host:
                 "SGLANG_STANDIN_FAKE_GPU_MIB": str(FAKE_GPU_MIB),
             }
         else:
-            from supervisor.nvml import NvmlProbe
+            from sglang_supervisor.host.nvml import NvmlProbe
 
             self.registry = workdir
             self.probe = NvmlProbe()
@@ -115,7 +115,13 @@ class Host:
     def spawn_foreign(self, gpu: GpuInfo, nbytes: int) -> subprocess.Popen[bytes]:
         """A process not of the server's tree holding ``nbytes`` on ``gpu``; waits until it does."""
         if self.mode == "fake":
-            argv = [sys.executable, "-m", "supervisor.sim.rank", "--registry", str(self.registry)]
+            argv = [
+                sys.executable,
+                "-m",
+                "sglang_supervisor.sim.rank",
+                "--registry",
+                str(self.registry),
+            ]
             argv += ["--gpu-uuid", gpu.uuid, "--bytes", str(nbytes)]
             env = {**os.environ, "PYTHONPATH": str(REPO)}
         else:

@@ -13,7 +13,9 @@ pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-
 mapfile -t deps < <(ls .whl/*.whl | grep -v '/sglang-')
 pipi --upgrade --target /tmp/site "${deps[@]}" || exit 1
 pipi --target /tmp/sgl .whl/sglang-*.whl || exit 1
-export PYTHONPATH=/tmp/site SGS_E2E_SGLANG_SITE=/tmp/sgl PYTHONUNBUFFERED=1
+# Our packages under their import names: .typecheck/ holds symlinks to supervisor/
+# and api/ (nothing of ours is pip-installed here).
+export PYTHONPATH=/tmp/site:$PWD/.typecheck SGS_E2E_SGLANG_SITE=/tmp/sgl PYTHONUNBUFFERED=1
 export SGS_E2E_RESULTS="$OUT/daemon_e2e.json"
 {
   date -u

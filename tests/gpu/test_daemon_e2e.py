@@ -35,7 +35,7 @@ import httpx
 import psutil
 import pytest
 
-from supervisor.gpu import GpuInfo, GpuQueryError
+from sglang_supervisor.host.gpu import GpuInfo, GpuQueryError
 from tests.gpu import e2e
 from tests.gpu.e2e import alive
 from tests.helpers import Daemon, tagged_processes, wait_until

@@ -1,10 +1,10 @@
 """Real-GPU proof: the supervisor's own teardown frees the GPU, and NVML says so.
 
-The stand-in (``standin.py``) is spawned with ``supervisor.process.spawn``, stopped with
-``supervisor.teardown.teardown`` and verified with ``supervisor.gpu.wait_released`` over an
-``NvmlProbe``. A background thread samples NVML every few milliseconds, so each case
-reports its phases: SIGTERM -> SIGKILL (grace), SIGTERM -> every member gone (exit),
-SIGTERM -> NVML shows the memory free, and the release verdict.
+The stand-in (``standin.py``) is spawned with ``sglang_supervisor.host.process.spawn``, stopped with
+``sglang_supervisor.host.teardown.teardown`` and verified with
+``sglang_supervisor.host.gpu.wait_released`` over an ``NvmlProbe``. A background thread samples NVML
+every few milliseconds, so each case reports its phases: SIGTERM -> SIGKILL (grace), SIGTERM ->
+every member gone (exit), SIGTERM -> NVML shows the memory free, and the release verdict.
 
     pytest -m gpu tests/gpu -s             # GPU index 0, or SUPERVISOR_TEST_GPU=<index|uuid>
     GPU_RELEASE_RESULTS=out.jsonl pytest -m gpu tests/gpu -s   # also write one JSON a case
@@ -28,8 +28,14 @@ from typing import Any
 
 import pytest
 
-from supervisor.gpu import GpuInfo, GpuQueryError, cuda_visible_devices, resolve_gpus, wait_released
-from supervisor.nvml import NvmlProbe
+from sglang_supervisor.host.gpu import (
+    GpuInfo,
+    GpuQueryError,
+    cuda_visible_devices,
+    resolve_gpus,
+    wait_released,
+)
+from sglang_supervisor.host.nvml import NvmlProbe
 from tests.helpers import TEST_INSTANCE_PREFIX, register_tag
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
@@ -67,7 +73,7 @@ def probe() -> Iterator[NvmlProbe]:
 
 @pytest.fixture(scope="module")
 def gpu(probe: NvmlProbe) -> GpuInfo:
-    from supervisor import process
+    from sglang_supervisor.host import process
 
     process.set_child_subreaper()  # as the daemon does: orphaned ranks come back to us
     return resolve_gpus(probe, [os.environ.get("SUPERVISOR_TEST_GPU", "0")])[0]
@@ -181,7 +187,7 @@ def _record(result: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_teardown_releases_gpu(case: Case, probe: NvmlProbe, gpu: GpuInfo, tmp_path: Path) -> None:
-    from supervisor import process, teardown
+    from sglang_supervisor.host import process, teardown
 
     baseline = probe.sample([gpu.index])[0].memory_used_bytes
     tag = register_tag(

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from supervisor.sim.gpus import SimGpuProbe, holds_memory, read_registry, sim_gpu_uuid
+from sglang_supervisor.sim.gpus import SimGpuProbe, holds_memory, read_registry, sim_gpu_uuid
 from tests.gpu.e2e import STANDIN_ROOT, alive
 from tests.helpers import free_port, wait_until
 

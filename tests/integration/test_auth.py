@@ -96,7 +96,7 @@ def _serve(
         [
             sys.executable,
             "-m",
-            "api.cli",
+            "sglang_supervisor_api.cli",
             "serve",
             "--simulate",
             "--state-dir",
@@ -130,7 +130,7 @@ def test_non_loopback_without_token_is_refused(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "api.cli",
+            "sglang_supervisor_api.cli",
             "serve",
             "--simulate",
             "--state-dir",

@@ -7,14 +7,14 @@ import os
 import subprocess
 import sys
 
-from supervisor.config import instance_name, load_settings
+from sglang_supervisor.config import instance_name, load_settings
 from tests.helpers import Daemon, register_tag, tagged_processes
 
 
 def cleanup(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "SERVICE_RESULT"}
     return subprocess.run(
-        [sys.executable, "-m", "api.cli", "cleanup", *args],
+        [sys.executable, "-m", "sglang_supervisor_api.cli", "cleanup", *args],
         capture_output=True,
         text=True,
         timeout=60,

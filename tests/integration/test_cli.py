@@ -21,13 +21,13 @@ from typing import Any
 import httpx
 import pytest
 
-from api.cli.client import Client
-from api.cli.client_errors import Unauthorized
-from api.cli.event_stream import open_event_stream
-from api.cli.follow import SeqFilter
-from api.cli.levers_input import lever_changes_from_args, parse_value
-from api.cli.main import build_parser
-from api.cli.server_log import new_lines
+from sglang_supervisor_api.cli.client import Client
+from sglang_supervisor_api.cli.client_errors import Unauthorized
+from sglang_supervisor_api.cli.event_stream import open_event_stream
+from sglang_supervisor_api.cli.follow import SeqFilter
+from sglang_supervisor_api.cli.levers_input import lever_changes_from_args, parse_value
+from sglang_supervisor_api.cli.main import build_parser
+from sglang_supervisor_api.cli.server_log import new_lines
 from tests.helpers import Daemon, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,10 +49,11 @@ def _env(**extra: str) -> dict[str, str]:
 def cli(
     d: Daemon | None, *args: str, timeout: float = 60, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m api.cli ARGS --url <daemon>`` and capture what it prints."""
+    """Run ``python -m sglang_supervisor_api.cli ARGS --url <daemon>`` and capture what it
+    prints."""
     url = ["--url", d.url] if d is not None else []
     return subprocess.run(
-        [sys.executable, "-m", "api.cli", *args, *url],
+        [sys.executable, "-m", "sglang_supervisor_api.cli", *args, *url],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -67,7 +68,7 @@ class Running:
 
     def __init__(self, d: Daemon, *args: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", *args, "--url", d.url],
+            [sys.executable, "-m", "sglang_supervisor_api.cli", *args, "--url", d.url],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -436,7 +437,7 @@ def test_client_sends_the_bearer_token_and_reads_server_sent_events() -> None:
 
 
 def test_probe_lines_are_not_shown_as_the_servers_log() -> None:
-    from api.cli.server_log import is_probe_noise
+    from sglang_supervisor_api.cli.server_log import is_probe_noise
 
     assert is_probe_noise('[t] INFO:     127.0.0.1:1 - "GET /health_generate HTTP/1.1" 503 X')
     assert not is_probe_noise("[t TP0] torch.OutOfMemoryError: CUDA out of memory.")

@@ -70,7 +70,15 @@ def test_ctrl_c_while_following_offers_to_cancel(daemon_factory: type[Daemon]) -
     before = d.status()
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "apply", "--url", d.url, *APPLY_HANGING],
+        [
+            sys.executable,
+            "-m",
+            "sglang_supervisor_api.cli",
+            "apply",
+            "--url",
+            d.url,
+            *APPLY_HANGING,
+        ],
         stdin=slave,
         stdout=slave,
         stderr=slave,

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import psutil
 
-from supervisor.sim.gpus import sim_gpu_uuid
+from sglang_supervisor.sim.gpus import sim_gpu_uuid
 from tests.helpers import Daemon, tagged_processes, wait_until
 
 DONE_WHEN = {
@@ -357,7 +357,16 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused_and_touches_nothing(
     d = daemon_factory().start()
     pid = d.status()["server"]["pid"]
     out = subprocess.run(
-        [sys.executable, "-m", "api.cli", "serve", "--config", str(d.config_path), "--port", "0"],
+        [
+            sys.executable,
+            "-m",
+            "sglang_supervisor_api.cli",
+            "serve",
+            "--config",
+            str(d.config_path),
+            "--port",
+            "0",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -372,7 +381,14 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused_and_touches_nothing(
 def test_an_unknown_gpu_in_the_config_exits_2_naming_it(daemon_factory: type[Daemon]) -> None:
     d = daemon_factory(extra={"server": {"gpus": ["0", "GPU-nope"]}})
     out = subprocess.run(
-        [sys.executable, "-m", "api.cli", "serve", "--config", str(d.config_path)],
+        [
+            sys.executable,
+            "-m",
+            "sglang_supervisor_api.cli",
+            "serve",
+            "--config",
+            str(d.config_path),
+        ],
         capture_output=True,
         text=True,
         timeout=60,

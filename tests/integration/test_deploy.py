@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.cli.main import build_parser
-from supervisor.config import (
+from sglang_supervisor.config import (
     ApiSettings,
     RouterSettings,
     ServerSettings,
@@ -26,9 +25,10 @@ from supervisor.config import (
     TimeoutSettings,
     load_settings,
 )
-from supervisor.levers import LeverSet, check_levers
-from supervisor.schema import load_bundled
-from supervisor.slurm.settings import SlurmSettings
+from sglang_supervisor.sglang.levers import LeverSet, check_levers
+from sglang_supervisor.sglang.schema import load_bundled
+from sglang_supervisor.slurm.settings import SlurmSettings
+from sglang_supervisor_api.cli.main import build_parser
 from tests.helpers import Daemon, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -317,7 +317,8 @@ def test_every_incident_scenario_takes_a_position_on_every_alert() -> None:
         assert times, title
         for t in times:
             parts = block.split(f"eval_time: {t}\n")[1:]
-            listed = {re.search(r"alertname: (\w+)", p).group(1) for p in parts}  # type: ignore[union-attr]
+            # type: ignore[union-attr]
+            listed = {re.search(r"alertname: (\w+)", p).group(1) for p in parts}
             assert listed == alerts, f"{title} at {t}: missing {sorted(alerts - listed)}"
 
 

@@ -16,7 +16,7 @@ def run(extra_path: Path | None, *args: str) -> subprocess.CompletedProcess[str]
     if extra_path is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(extra_path), str(ROOT)])
     return subprocess.run(
-        [sys.executable, "-m", "api.cli", *args],
+        [sys.executable, "-m", "sglang_supervisor_api.cli", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -38,15 +38,15 @@ def test_sigterms_until_the_very_end_still_exit_0(daemon_factory: type[Daemon]) 
 
 
 def test_the_signal_handlers_come_before_any_other_import(tmp_path: Path) -> None:
-    """The console script installs them before ``importlib.metadata`` is even imported: the window in which a SIGHUP kills the daemon is the
-    interpreter's own start-up only."""
+    """The console script installs them before ``importlib.metadata`` is even imported: the window
+    in which a SIGHUP kills the daemon is the interpreter's own start-up only."""
     proc = subprocess.Popen(
         [
             sys.executable,
             "-X",
             "importtime",
             "-m",
-            "api.cli",
+            "sglang_supervisor_api.cli",
             "serve",
             "--simulate",
             "--port",
@@ -73,6 +73,8 @@ def test_the_signal_handlers_come_before_any_other_import(tmp_path: Path) -> Non
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-3000:]
     imports = [ln.rsplit("|", 1)[-1].strip() for ln in err.splitlines() if "import time:" in ln]
-    assert "api.daemon_signals" in imports, err[-3000:]
+    assert "sglang_supervisor_api.daemon_signals" in imports, err[-3000:]
     assert "importlib.metadata" in imports
-    assert imports.index("api.daemon_signals") < imports.index("importlib.metadata")
+    assert imports.index("sglang_supervisor_api.daemon_signals") < imports.index(
+        "importlib.metadata"
+    )

@@ -8,7 +8,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.version import version
+from sglang_supervisor.version import version
 from tests.helpers import Daemon, wait_until
 
 

@@ -172,7 +172,14 @@ def test_a_second_daemon_of_the_same_instance_exits_and_touches_nothing(
     assert psutil.pid_exists(server_pid)
     # Nor does `cleanup` with the copied config tear down the first daemon's server.
     out = subprocess.run(
-        [sys.executable, "-m", "api.cli", "cleanup", "--config", str(second.config_path)],
+        [
+            sys.executable,
+            "-m",
+            "sglang_supervisor_api.cli",
+            "cleanup",
+            "--config",
+            str(second.config_path),
+        ],
         capture_output=True,
         text=True,
         timeout=60,

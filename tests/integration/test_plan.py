@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.cli.plan import add_plan_parser, run_plan
-from supervisor import planner
+from sglang_supervisor import planner
+from sglang_supervisor_api.cli.plan import add_plan_parser, run_plan
 from tests.helpers import Daemon, wait_until, write_toml
 
 H200 = 143771 * 2**20

@@ -1,6 +1,6 @@
 """The planner's copy of SGLang's rules against SGLang 0.5.23 itself: each case of
-tests/planner_cases.py resolved by SGLang's own pipeline (``supervisor.resolution``, in
-the parser environment built by scripts/sglang-parser-env.sh, an H200 supplied).
+tests/planner_cases.py resolved by SGLang's own pipeline (``sglang_supervisor.sglang.resolution``,
+in the parser environment built by scripts/sglang-parser-env.sh, an H200 supplied).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import planner
-from supervisor.levers import LeverSet, check_levers, render_argv
-from supervisor.resolution import GpuFacts, Resolver
-from supervisor.schema import load_bundled
+from sglang_supervisor import planner
+from sglang_supervisor.sglang.levers import LeverSet, check_levers, render_argv
+from sglang_supervisor.sglang.resolution import GpuFacts, Resolver
+from sglang_supervisor.sglang.schema import load_bundled
 from tests.helpers import Daemon
 from tests.planner_cases import CASES, H200, MODELS, Case, planner_model
 from tests.sglang_env import ENV, SGLANG_PYTHON, needs_sglang, resolver

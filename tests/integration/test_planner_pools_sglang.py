@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from supervisor import planner
-from supervisor.levers import LeverSet, check_levers, render_argv
-from supervisor.schema import load_bundled
+from sglang_supervisor import planner
+from sglang_supervisor.sglang.levers import LeverSet, check_levers, render_argv
+from sglang_supervisor.sglang.schema import load_bundled
 from tests.planner_cases import CASES, H200, MODELS, Case, planner_model
 from tests.sglang_env import ENV, SGLANG_PYTHON, needs_sglang
 

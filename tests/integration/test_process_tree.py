@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor import process, teardown
-from supervisor.process import Launch
+from sglang_supervisor.host import process, teardown
+from sglang_supervisor.host.process import Launch
 from tests.helpers import TEST_INSTANCE_PREFIX, register_tag, wait_until
 
 TREE = Path(__file__).with_name("tree.py")

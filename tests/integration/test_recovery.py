@@ -144,7 +144,14 @@ def test_cleanup_command_stops_what_a_kept_server_left(daemon_factory: type[Daem
     d.start()
     assert d.stop() == 0
     assert tagged_processes(d.instance), "keep mode left nothing running"
-    cmd = [sys.executable, "-m", "api.cli", "cleanup", "--config", str(d.config_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang_supervisor_api.cli",
+        "cleanup",
+        "--config",
+        str(d.config_path),
+    ]
     env = {k: v for k, v in os.environ.items() if k != "SERVICE_RESULT"}
     # After a failure systemd's ExecStopPost must keep the server for the next daemon.
     kept = subprocess.run(

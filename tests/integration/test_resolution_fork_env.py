@@ -1,6 +1,7 @@
 """A warm resolution helper answers for another lever environment in a fork that takes
 it on, where SGLang reads those variables when it runs; a variable read at import starts
-a fresh helper (``supervisor.resolution_helper.FORK_ENV_PREFIXES``, docs/validation.md)."""
+a fresh helper (``sglang_supervisor.sglang.resolution_helper.FORK_ENV_PREFIXES``,
+docs/validation.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from supervisor.resolution import GpuFacts, Resolver, Verdict
+from sglang_supervisor.sglang.resolution import GpuFacts, Resolver, Verdict
 from tests.integration.sglang_corpus import LLAMA_8B
 from tests.sglang_env import ENV, SGLANG_PYTHON, needs_sglang
 

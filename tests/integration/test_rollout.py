@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def rollout(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "api.cli", "rollout", *args],
+        [sys.executable, "-m", "sglang_supervisor_api.cli", "rollout", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,5 +1,5 @@
-"""supervisor.router against the real sglang-router 0.3: add, list healthy, remove, and the
-errors an operator reads when the router is away or wants a key."""
+"""sglang_supervisor.sglang.router against the real sglang-router 0.3: add, list healthy, remove,
+and the errors an operator reads when the router is away or wants a key."""
 
 from __future__ import annotations
 
@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import RouterSettings, ServerSettings
-from supervisor.router import RouterClient, RouterError, build_link, default_worker_url
+from sglang_supervisor.config import RouterSettings, ServerSettings
+from sglang_supervisor.sglang.router import (
+    RouterClient,
+    RouterError,
+    build_link,
+    default_worker_url,
+)
 from tests.integration.test_sim_server import Sims, sims, wait_until
 from tests.routerkit import Router, free_port, needs_router, router
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from supervisor.levers import LeverSet, check_levers, render_argv
-from supervisor.resolution import GpuFacts, Resolver, Verdict
-from supervisor.schema import load_bundled
+from sglang_supervisor.sglang.levers import LeverSet, check_levers, render_argv
+from sglang_supervisor.sglang.resolution import GpuFacts, Resolver, Verdict
+from sglang_supervisor.sglang.schema import load_bundled
 from tests.helpers import Daemon
 from tests.integration.sglang_corpus import (
     BAD,

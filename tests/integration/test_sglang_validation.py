@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.schema import FlagSchema, load_bundled
-from supervisor.sglang_parser import read_schema
+from sglang_supervisor.sglang.parser import read_schema
+from sglang_supervisor.sglang.schema import FlagSchema, load_bundled
 from tests.helpers import Daemon
 from tests.sglang_env import ROOT, SGLANG_PYTHON, needs_sglang
 
@@ -154,7 +154,7 @@ def test_bundled_schema_equals_the_real_parser() -> None:
 def test_schema_command_regenerates_the_bundled_file(tmp_path: Path) -> None:
     # scripts/gen_schema.py is how the bundled file is made; its output must match it.
     out = subprocess.run(
-        [SGLANG_PYTHON, "-I", str(ROOT / "supervisor" / "schema_probe.py")],
+        [SGLANG_PYTHON, "-I", str(ROOT / "supervisor" / "sglang" / "schema_probe.py")],
         capture_output=True,
         text=True,
         timeout=120,

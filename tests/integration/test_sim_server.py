@@ -28,11 +28,11 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor import planner
-from supervisor.schema import load_bundled
-from supervisor.sim import capacity
-from supervisor.sim.gpus import SimGpuProbe, sim_gpu_uuid
-from supervisor.sim.server import build_parser
+from sglang_supervisor import planner
+from sglang_supervisor.sglang.schema import load_bundled
+from sglang_supervisor.sim import capacity
+from sglang_supervisor.sim.gpus import SimGpuProbe, sim_gpu_uuid
+from sglang_supervisor.sim.server import build_parser
 from tests.helpers import register_tag
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,7 +180,7 @@ class Sims:
         log = self.tmp / f"server-{len(self.sims)}.log"
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "supervisor.sim.server", *argv],
+                [sys.executable, "-m", "sglang_supervisor.sim.server", *argv],
                 env={**self.env(tp if gpus is None else gpus, faults), **(env or {})},
                 cwd=REPO,
                 stdin=subprocess.DEVNULL,
@@ -267,7 +267,7 @@ def test_parser_accepts_every_sglang_flag() -> None:
 )
 def test_bad_flag_exits_2_naming_it(sims: Sims, argv: list[str], named: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "supervisor.sim.server", "--model-path", "m", *argv],
+        [sys.executable, "-m", "sglang_supervisor.sim.server", "--model-path", "m", *argv],
         env=sims.env(gpus=2, faults=""),
         cwd=REPO,
         capture_output=True,

@@ -25,7 +25,7 @@ def test_slurm_launcher_outside_an_allocation_refuses_to_start(tmp_path: Path) -
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     done = subprocess.run(
-        [sys.executable, "-m", "api.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "sglang_supervisor_api.cli", "serve", "--config", str(config)],
         env=env,
         capture_output=True,
         text=True,

@@ -8,7 +8,7 @@ detokenizer have no SIGTERM handler (scheduler.py:6257-6300, detokenizer_manager
 :545-569) and die of one at once, which makes the launcher's SubprocessWatchdog
 (utils/watchdog.py:211-222) kill the whole tree. The simulated server behaves the same
 (supervisor/sim/lifecycle.py, children.py). So the supervisor's stop sends the first
-SIGTERM to the launcher alone and waits ``stop_grace_s`` for it (supervisor/teardown.py):
+SIGTERM to the launcher alone and waits ``stop_grace_s`` for it (supervisor/host/teardown.py):
 a generation shorter than the grace ends whole; a longer one is cut at the grace.
 """
 

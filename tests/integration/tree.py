@@ -13,8 +13,8 @@ that ignores SIGTERM, has no launch tag in its environment and is no descendant 
 leader (re-parented when the middle one exits): a member only by its process group.
 ``--children-ignore-term``: every process but the leader ignores SIGTERM.
 ``--drain-s``: the leader handles SIGTERM as SGLang 0.5.23's launcher does (module
-docstring of ``supervisor.teardown``): it serves on for that long, then exits 1 if one of
-its children died meanwhile (SGLang's SubprocessWatchdog then kills the whole tree,
+docstring of ``sglang_supervisor.host.teardown``): it serves on for that long, then exits 1 if one
+of its children died meanwhile (SGLang's SubprocessWatchdog then kills the whole tree,
 cutting every request), else SIGKILLs its children, reaps them and exits 0. Its children
 keep SIGTERM's default action, as SGLang's schedulers do: it kills them.
 """

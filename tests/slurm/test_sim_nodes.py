@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.sim.gpus import sim_gpu_uuid
+from sglang_supervisor.sim.gpus import sim_gpu_uuid
 from tests.helpers import free_port
 from tests.slurmkit import SlurmCluster
 
@@ -33,11 +33,11 @@ def run_group(cluster: SlurmCluster, job: str, registry: Path) -> subprocess.Com
             "--label",
             sys.executable,
             "-m",
-            "supervisor.slurm.task",
+            "sglang_supervisor.slurm.task",
             "--",
             sys.executable,
             "-m",
-            "supervisor.sim.server",
+            "sglang_supervisor.sim.server",
             "--model-path",
             "sim/llama",
             "--tp-size",

@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from supervisor.sim.gpus import sim_gpu_uuid
+from sglang_supervisor.sim.gpus import sim_gpu_uuid
 from tests.helpers import Daemon, free_port, tagged_processes, wait_until
 from tests.slurmkit import SlurmCluster
 

@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor.sim.gpus import sim_gpu_uuid
+from sglang_supervisor.sim.gpus import sim_gpu_uuid
 from tests.helpers import Daemon, tagged_processes, wait_until
 from tests.slurm.test_slurm_daemon import server_info, slurm_daemon, step_names, stop_and_check
 from tests.slurmkit import SlurmCluster

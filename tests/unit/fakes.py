@@ -23,17 +23,17 @@ from typing import Any, TypeVar
 
 import psutil
 
-from supervisor.backend import Backend
-from supervisor.config import ServerSettings, Settings, TimeoutSettings
-from supervisor.engine import Supervisor
-from supervisor.gpu import GpuInfo, GpuProcess, GpuQueryError, GpuSample
-from supervisor.health import Probe
-from supervisor.process import describe_exit
-from supervisor.schema import load_bundled
-from supervisor.sglang_parser import load_schema
-from supervisor.states import ServerState
-from supervisor.store import Store
-from supervisor.teardown import Survivor, TeardownReport
+from sglang_supervisor.config import ServerSettings, Settings, TimeoutSettings
+from sglang_supervisor.engine import Supervisor
+from sglang_supervisor.host.backend import Backend
+from sglang_supervisor.host.gpu import GpuInfo, GpuProcess, GpuQueryError, GpuSample
+from sglang_supervisor.host.process import describe_exit
+from sglang_supervisor.host.teardown import Survivor, TeardownReport
+from sglang_supervisor.observe.health import Probe
+from sglang_supervisor.sglang.parser import load_schema
+from sglang_supervisor.sglang.schema import load_bundled
+from sglang_supervisor.states import ServerState
+from sglang_supervisor.store import Store
 
 MIB = 2**20
 GIB = 2**30

@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from api.app import close_streams
-from api.responses import Problem
-from supervisor.states import ServerState
-from supervisor.version import version
+from sglang_supervisor.states import ServerState
+from sglang_supervisor.version import version
+from sglang_supervisor_api.app import close_streams
+from sglang_supervisor_api.responses import Problem
 from tests.inprocess import api_client
 from tests.unit.fakes import Behaviour, Rig, run, until
 
@@ -268,7 +268,7 @@ async def _check(client: httpx.AsyncClient, rig: Rig, app: Any) -> None:
     # The fake server's model is nowhere on disk: the plan gets the model's config inline.
     await call("post", "/plan", "/plan", json={"config_json": LLAMA_CONFIG})
 
-    # What api.request_guard refuses before any route runs, on every route.
+    # What sglang_supervisor_api.request_guard refuses before any route runs, on every route.
     for method, route in EXPECTED:
         url = route.replace("{op_id}", "x")
         await call(method, route, url, params={"no_such_parameter": 1})  # 422

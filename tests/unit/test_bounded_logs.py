@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from api import audit as audit_module
-from api.audit import MAX_RECORD_CHARS, MAX_VALUE_CHARS, audit
-from supervisor.store import HISTORY_BACKUPS, HISTORY_FILE, HISTORY_MAX_BYTES, Store
+from sglang_supervisor.store import HISTORY_BACKUPS, HISTORY_FILE, HISTORY_MAX_BYTES, Store
+from sglang_supervisor_api import audit as audit_module
+from sglang_supervisor_api.audit import MAX_RECORD_CHARS, MAX_VALUE_CHARS, audit
 
 MiB = 1 << 20
 

@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from api.cli.main import main
-from supervisor.version import version
+from sglang_supervisor.version import version
+from sglang_supervisor_api.cli.main import main
 
 
 def run(*argv: str) -> tuple[int, str]:

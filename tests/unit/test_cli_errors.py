@@ -1,7 +1,7 @@
 """Every client command maps the daemon's answers to the same message and exit code: the
-CLI has one HTTP client (``api.cli.client``) and one place that reports its errors
-(``api.cli.runner``). A stand-in daemon (a few lines of ``http.server``) answers every
-request with one error."""
+CLI has one HTTP client (``sglang_supervisor_api.cli.client``) and one place that reports its errors
+(``sglang_supervisor_api.cli.runner``). A stand-in daemon (a few lines of ``http.server``) answers
+every request with one error."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from api.cli.main import main
+from sglang_supervisor_api.cli.main import main
 
 RUNNING_OP = {
     "id": "op42",

@@ -8,7 +8,7 @@ import io
 import json
 from pathlib import Path
 
-from api.cli.plan import add_plan_parser, run_plan
+from sglang_supervisor_api.cli.plan import add_plan_parser, run_plan
 from tests.helpers import free_port
 
 LLAMA_31_8B = {
@@ -88,8 +88,8 @@ def test_unreachable_daemon_exits_1() -> None:
 
 
 def _rendered(model: str, levers: dict[str, object]) -> tuple[dict[str, object], str]:
-    from api.cli.plan_render import render_plan
-    from supervisor import planner
+    from sglang_supervisor import planner
+    from sglang_supervisor_api.cli.plan_render import render_plan
     from tests.planner_cases import H200, planner_model
 
     hw = planner.Hardware(8, H200, 1024 * 2**30)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import config
-from supervisor.config import load_settings
+from sglang_supervisor import config
+from sglang_supervisor.config import load_settings
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from api.daemon import _Stopping
+from sglang_supervisor_api.daemon import _Stopping
 from tests.unit.fakes import make_rig, run
 
 

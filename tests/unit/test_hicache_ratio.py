@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from supervisor import planner, preflight
-from supervisor.gpu import GpuInfo
-from supervisor.levers import LeverSet
-from supervisor.planner.hostpool import DevicePool
+from sglang_supervisor import planner
+from sglang_supervisor.host import preflight
+from sglang_supervisor.host.gpu import GpuInfo
+from sglang_supervisor.planner.hostpool import DevicePool
+from sglang_supervisor.sglang.levers import LeverSet
 from tests.inprocess import api_client
 from tests.planner_cases import H200, planner_model
 from tests.unit.fakes import FakeProbe, make_rig, run
@@ -128,7 +129,7 @@ def test_plan_counts_what_a_running_ratio_cache_frees_as_sglang_sized_it(
     """POST /plan's host RAM adds what the running server's host cache frees at the stop:
     an explicit hicache_ratio 4 on DeepSeek-V3 TP8 pinned 8 × 195.5 GB (SGLang's sizing),
     not 8 × 542.7 GB (ratio × 0.9 × the GPU)."""
-    from api.plan import PlanRequest, _hardware
+    from sglang_supervisor_api.plan import PlanRequest, _hardware
 
     async def scenario() -> None:
         probe = FakeProbe(8, memory_total_bytes=H200)

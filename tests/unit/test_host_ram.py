@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.planner.hicache import cgroup_headroom_bytes
+from sglang_supervisor.planner.hicache import cgroup_headroom_bytes
 
 GiB = 1 << 30
 

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from supervisor import planner, preflight
-from supervisor.gpu import GpuInfo
-from supervisor.layout import Layout, size_problems
-from supervisor.levers import LeverSet
-from supervisor.sim.server import ServerConfig, build_parser
+from sglang_supervisor import planner
+from sglang_supervisor.host import preflight
+from sglang_supervisor.host.gpu import GpuInfo
+from sglang_supervisor.sglang.layout import Layout, size_problems
+from sglang_supervisor.sglang.levers import LeverSet
+from sglang_supervisor.sim.server import ServerConfig, build_parser
 
 H200 = 143771 * 2**20
 

@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from supervisor import lever_limits
-from supervisor.levers import (
+from sglang_supervisor.sglang import lever_limits
+from sglang_supervisor.sglang.levers import (
     LeverError,
     LeverSet,
     check_gpu_placement,
     check_levers,
     render_argv,
 )
-from supervisor.schema import load_bundled
+from sglang_supervisor.sglang.schema import load_bundled
 
 SCHEMA = load_bundled()
 BASE = {"model_path": "/models/llama", "tp_size": 4}

@@ -1,14 +1,14 @@
-"""Which levers name a path or a JSON document (``supervisor.lever_paths``), derived from
-SGLang 0.5.23's flag schema, and the launch-topology limits (``lever_limits``)."""
+"""Which levers name a path or a JSON document (``sglang_supervisor.sglang.lever_paths``), derived
+from SGLang 0.5.23's flag schema, and the launch-topology limits (``lever_limits``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from supervisor.lever_limits import launch_topology_problems
-from supervisor.lever_paths import EXPLICIT, NOT_PATHS, path_kinds
-from supervisor.schema import load_bundled
-from supervisor.sglang_parser import read_schema
+from sglang_supervisor.sglang.lever_limits import launch_topology_problems
+from sglang_supervisor.sglang.lever_paths import EXPLICIT, NOT_PATHS, path_kinds
+from sglang_supervisor.sglang.parser import read_schema
+from sglang_supervisor.sglang.schema import load_bundled
 from tests.sglang_env import SGLANG_PYTHON, needs_sglang
 
 #: The levers that name a path SGLang reads, derived from the 0.5.23 schema by name

@@ -15,15 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor import lever_limits
-from supervisor.levers import (
+from sglang_supervisor.sglang import lever_limits
+from sglang_supervisor.sglang.levers import (
     LeverError,
     LeverSet,
     check_levers,
     normalize_name,
     render_argv,
 )
-from supervisor.schema import FlagSchema, FlagSpec, load_bundled
+from sglang_supervisor.sglang.schema import FlagSchema, FlagSpec, load_bundled
 
 SCHEMA = load_bundled()
 

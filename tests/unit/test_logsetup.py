@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from api.logsetup import setup_logging
-from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
-from supervisor.oplog import log_operation_end
+from sglang_supervisor.observe.oplog import log_operation_end
+from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
+from sglang_supervisor_api.logsetup import setup_logging
 
 
 @pytest.fixture(autouse=True)

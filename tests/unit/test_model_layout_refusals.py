@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.planner.sharding import sharding_problems
-from supervisor.states import ServerState
+from sglang_supervisor.planner.sharding import sharding_problems
+from sglang_supervisor.states import ServerState
 from tests.inprocess import api_client
 from tests.planner_cases import MODELS
 from tests.unit.fakes import FakeProbe, run
@@ -62,7 +62,7 @@ def test_experts_must_divide_over_ep_size() -> None:
 
 def test_the_planner_refuses_phi4_at_tp4_with_the_same_reason() -> None:
     """The planner (and so POST /plan, a 422) no longer plans a layout SGLang cannot build."""
-    from supervisor import planner
+    from sglang_supervisor import planner
     from tests.planner_cases import H200, planner_model
 
     hw = planner.Hardware(gpus=8, gpu_memory_bytes=H200, host_ram_available_bytes=512 << 30)

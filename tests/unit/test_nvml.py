@@ -12,8 +12,13 @@ from typing import Any
 
 import pytest
 
-from supervisor.gpu import GpuQueryError, cuda_visible_devices, resolve_gpus, wait_released
-from supervisor.nvml import (
+from sglang_supervisor.host.gpu import (
+    GpuQueryError,
+    cuda_visible_devices,
+    resolve_gpus,
+    wait_released,
+)
+from sglang_supervisor.host.nvml import (
     ROOT_PID_NS_INODE,
     NvmlFeatureMissing,
     NvmlProbe,

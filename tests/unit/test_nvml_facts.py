@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.engine.validation import gpu_facts
-from supervisor.gpu import GpuInfo
-from supervisor.nvml import NvmlProbe
-from supervisor.resolution import GpuFacts
+from sglang_supervisor.engine.validation import gpu_facts
+from sglang_supervisor.host.gpu import GpuInfo
+from sglang_supervisor.host.nvml import NvmlProbe
+from sglang_supervisor.sglang.resolution import GpuFacts
 from tests.unit.fakes import make_rig
 from tests.unit.test_nvml import make_pynvml
 

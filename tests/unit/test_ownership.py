@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from api.instance_lock import InstanceBusy, hold_instance, owner_pid, socket_name
-from supervisor.ports import collides, describe_pid, port_listeners
+from sglang_supervisor.host.ports import collides, describe_pid, port_listeners
+from sglang_supervisor_api.instance_lock import InstanceBusy, hold_instance, owner_pid, socket_name
 
 
 def test_an_instance_is_held_once_and_names_its_owner() -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor import planner
-from supervisor.config import TimeoutSettings
-from supervisor.planner.stopcost import StopBudget
+from sglang_supervisor import planner
+from sglang_supervisor.config import TimeoutSettings
+from sglang_supervisor.planner.stopcost import StopBudget
 from tests.planner_cases import H200, planner_model
 
 GiB = 1 << 30

@@ -15,10 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor import planner, preflight
-from supervisor.levers import LeverSet, check_levers
-from supervisor.planner import GB, Hardware, LiveLoad, PlanError
-from supervisor.schema import load_bundled
+from sglang_supervisor import planner
+from sglang_supervisor.host import preflight
+from sglang_supervisor.planner import GB, Hardware, LiveLoad, PlanError
+from sglang_supervisor.sglang.levers import LeverSet, check_levers
+from sglang_supervisor.sglang.schema import load_bundled
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -289,7 +290,7 @@ def test_live_load_avg_tokens_and_diagnosis() -> None:
 
 
 def sim_70b() -> planner.ModelSpec:
-    from supervisor.sim import capacity
+    from sglang_supervisor.sim import capacity
 
     return capacity.SIM_MODEL
 

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from supervisor import planner, preflight
-from supervisor.gpu import GpuInfo
-from supervisor.levers import LeverSet
-from supervisor.sim import capacity
+from sglang_supervisor import planner
+from sglang_supervisor.host import preflight
+from sglang_supervisor.host.gpu import GpuInfo
+from sglang_supervisor.sglang.levers import LeverSet
+from sglang_supervisor.sim import capacity
 from tests.planner_cases import CASES, H200, MODELS, Case, planner_model
 
 GiB = 1 << 30
@@ -264,7 +265,7 @@ def test_docs_table_is_generated_from_these_cases() -> None:
 
 
 def test_api_plan_reaches_the_simulator_only_through_the_backend() -> None:
-    """Model resolution belongs to the backend: api/plan.py imports no supervisor.sim."""
+    """Model resolution belongs to the backend: api/plan.py imports no sglang_supervisor.sim."""
     root = Path(__file__).resolve().parents[2]
     tree = ast.parse((root / "api" / "plan.py").read_text())
     imported = {
@@ -275,7 +276,7 @@ def test_api_plan_reaches_the_simulator_only_through_the_backend() -> None:
         if isinstance(node, ast.Import)
         for alias in node.names
     }
-    assert not [m for m in imported if m.startswith("supervisor.sim")]
+    assert not [m for m in imported if m.startswith("sglang_supervisor.sim")]
 
 
 def test_swa_pool_is_sized_from_the_request_cap_without_the_radix_cache() -> None:

@@ -4,7 +4,7 @@ environment variables."""
 
 from __future__ import annotations
 
-from supervisor.redact import REDACTED, is_secret_env, redact
+from sglang_supervisor.redact import REDACTED, is_secret_env, redact
 
 
 def test_secret_levers_env_and_diffs_are_hidden_everything_else_kept() -> None:

@@ -1,4 +1,5 @@
-"""Release verification (``supervisor.gpu.wait_released``) on fake GPUs and a fake clock.
+"""Release verification (``sglang_supervisor.host.gpu.wait_released``) on fake GPUs and a fake
+clock.
 
 A GPU is released when no member pid is on it and its memory is at most baseline +
 tolerance, for ``consecutive`` samples in a row; a failed query is never "zero".
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.gpu import ReleaseResult, resolve_gpus, wait_released
-from supervisor.states import ServerState
+from sglang_supervisor.host.gpu import ReleaseResult, resolve_gpus, wait_released
+from sglang_supervisor.states import ServerState
 from tests.unit.fakes import GIB, MIB, FakeClock, FakeProbe, make_rig, run, until
 
 BASE = 600 * MIB

@@ -1,10 +1,11 @@
-"""Which Host headers name the daemon (api.request_guard.HostPolicy; issue 19 §7)."""
+"""Which Host headers name the daemon (sglang_supervisor_api.request_guard.HostPolicy; issue 19
+§7)."""
 
 from __future__ import annotations
 
 import pytest
 
-from api.request_guard import HostPolicy
+from sglang_supervisor_api.request_guard import HostPolicy
 
 POLICY = HostPolicy("127.0.0.1", ["proxy.internal", "gw:443"])
 

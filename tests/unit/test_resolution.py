@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.resolution import GpuFacts, capability_from_name
+from sglang_supervisor.sglang.resolution import GpuFacts, capability_from_name
 
 
 @pytest.mark.parametrize(

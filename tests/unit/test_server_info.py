@@ -7,7 +7,7 @@ import asyncio
 
 import httpx
 
-from supervisor.health import HttpHealthChecker
+from sglang_supervisor.observe.health import HttpHealthChecker
 
 
 def _read(routes: dict[str, dict[str, int]]) -> tuple[dict[str, object], list[str]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.sglang_parser import sglang_version
+from sglang_supervisor.sglang.parser import sglang_version
 
 
 def test_an_sglang_on_pythonpath_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,10 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.gpu import GpuQueryError
-from supervisor.sim import capacity, rank
-from supervisor.sim.faults import Faults, parse_faults
-from supervisor.sim.gpus import SimGpuProbe, prepare_registry, sim_gpu_index, sim_gpu_uuid
+from sglang_supervisor.host.gpu import GpuQueryError
+from sglang_supervisor.sim import capacity, rank
+from sglang_supervisor.sim.faults import Faults, parse_faults
+from sglang_supervisor.sim.gpus import SimGpuProbe, prepare_registry, sim_gpu_index, sim_gpu_uuid
 
 MIB = 2**20
 NVML_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

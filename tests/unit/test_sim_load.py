@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import planner
-from supervisor.planner import PlanError
-from supervisor.sim import capacity
-from supervisor.sim.faults import Faults, parse_faults
-from supervisor.sim.load import Engine, LoadSpec, parse_load
+from sglang_supervisor import planner
+from sglang_supervisor.planner import PlanError
+from sglang_supervisor.sim import capacity
+from sglang_supervisor.sim.faults import Faults, parse_faults
+from sglang_supervisor.sim.load import Engine, LoadSpec, parse_load
 
 H200 = 143771 * 2**20
 
@@ -210,9 +210,9 @@ def test_a_prefill_over_the_activation_limit_stops_admission() -> None:
 def test_live_average_over_dp_workers_reads_every_pool() -> None:
     # What the planner measures from a server with 4 DP workers' series (the supervisor's
     # telemetry sums running requests and keeps the fullest pool's usage).
-    from supervisor.planner import LiveLoad
-    from supervisor.sim import metrics
-    from supervisor.telemetry import parse_metrics
+    from sglang_supervisor.observe.telemetry import parse_metrics
+    from sglang_supervisor.planner import LiveLoad
+    from sglang_supervisor.sim import metrics
 
     load = LoadSpec(rate=100, avg_tokens=20000, out_tokens=5000)
     e = Engine(100_000, 3, workers=4, load=load)

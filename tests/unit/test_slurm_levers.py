@@ -4,8 +4,8 @@ are the launcher's; a server spanning hosts is refused on the local launcher."""
 
 from __future__ import annotations
 
-from supervisor.slurm.allocation import allocation_nodes
-from supervisor.slurm.settings import check_node_levers, node_lever_problems
+from sglang_supervisor.slurm.allocation import allocation_nodes
+from sglang_supervisor.slurm.settings import check_node_levers, node_lever_problems
 
 
 def levers_named(problems: list[tuple[str, str]]) -> list[str]:
@@ -72,7 +72,7 @@ def test_facts_come_from_slurms_environment() -> None:
 def test_the_deploy_example_config_loads_and_its_levers_pass_the_node_rule() -> None:
     from pathlib import Path
 
-    from supervisor.config import load_settings
+    from sglang_supervisor.config import load_settings
 
     path = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "slurm.example.toml"
     settings = load_settings(path, {})

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from supervisor.gpu import GpuQueryError, foreign_holders
-from supervisor.slurm.probe import NodeRunner, SlurmGpuProbe, parse_labelled
-from supervisor.slurm.settings import SlurmSettings
+from sglang_supervisor.host.gpu import GpuQueryError, foreign_holders
+from sglang_supervisor.slurm.probe import NodeRunner, SlurmGpuProbe, parse_labelled
+from sglang_supervisor.slurm.settings import SlurmSettings
 
 
 def gpus(used: list[int], procs: dict[int, list[list[int]]] | None = None) -> list[dict[str, Any]]:
@@ -66,7 +66,8 @@ def test_a_failed_query_on_one_node_is_an_error_not_a_free_gpu() -> None:
         CannedRunner({"n1": {"gpus": gpus([0])}, "n2": {"gpus": gpus([0])}}), "nvml"
     )
     probe.devices()
-    probe.runner.answers["n2"] = {"gpu_error": "NVML: driver not loaded"}  # type: ignore[attr-defined]
+    # type: ignore[attr-defined]
+    probe.runner.answers["n2"] = {"gpu_error": "NVML: driver not loaded"}
     with pytest.raises(GpuQueryError, match="node n2: NVML: driver not loaded"):
         probe.sample([0, 1])
     with pytest.raises(GpuQueryError, match="GPU 5 does not exist"):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.slurm.launcher import nnodes_of
-from supervisor.slurm.task import node_argv, node_gpus
+from sglang_supervisor.slurm.launcher import nnodes_of
+from sglang_supervisor.slurm.task import node_argv, node_gpus
 
 
 def test_each_node_keeps_its_own_gpus_without_the_node() -> None:

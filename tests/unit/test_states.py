@@ -11,7 +11,7 @@ from collections import deque
 
 import pytest
 
-from supervisor.states import (
+from sglang_supervisor.states import (
     ALLOWED,
     IDLE_STATES,
     PROCESS_STATES,

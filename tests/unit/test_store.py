@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.levers import LeverSet
-from supervisor.store import (
+from sglang_supervisor.sglang.levers import LeverSet
+from sglang_supervisor.store import (
     PREV_FILE,
     STATE_FILE,
     PersistedState,
@@ -217,7 +217,7 @@ def test_unwritable_state_dir_raises_store_error(
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
-    monkeypatch.setattr("supervisor.store.tempfile.mkstemp", refuse)
+    monkeypatch.setattr("sglang_supervisor.store.tempfile.mkstemp", refuse)
     with pytest.raises(StoreError, match=r"Permission denied.*the previous state is kept"):
         store.save(state(NEWER))
     monkeypatch.undo()
@@ -249,7 +249,7 @@ def test_a_disk_full_error_names_the_mount_point(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 20 §4: a full disk names the disk (its mount point), not only the file."""
-    from supervisor.diskspace import mount_point
+    from sglang_supervisor.diskspace import mount_point
 
     store = Store(tmp_path)
     monkeypatch.setattr(os, "fsync", _disk_full)
@@ -287,7 +287,7 @@ def test_planted_links_are_never_written_through(tmp_path: Path) -> None:
 def test_a_link_planted_as_the_daemon_lock_is_refused_not_truncated(tmp_path: Path) -> None:
     """The lock file is truncated and rewritten with the daemon's pid: through a planted
     link, a daemon running as root truncated the file it pointed to."""
-    from api.state_lock import LOCK_FILE, lock_state_dir
+    from sglang_supervisor_api.state_lock import LOCK_FILE, lock_state_dir
 
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
@@ -303,7 +303,7 @@ def test_a_link_planted_as_the_daemon_lock_is_refused_not_truncated(tmp_path: Pa
 def test_a_link_planted_as_a_server_log_is_not_written_through(tmp_path: Path) -> None:
     """The server's log is opened O_NOFOLLOW: a link planted under the next log's name
     is refused (the output then goes to the daemon's own log, as for a full disk)."""
-    from supervisor.process import spawn
+    from sglang_supervisor.host.process import spawn
 
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
@@ -317,7 +317,7 @@ def test_a_link_planted_as_a_server_log_is_not_written_through(tmp_path: Path) -
 
 
 def test_rejected_levers_of_an_earlier_upgrade_are_kept_too(tmp_path: Path) -> None:
-    from supervisor.store import REJECTED_FILE
+    from sglang_supervisor.store import REJECTED_FILE
 
     store = Store(tmp_path)
     first = {"rejected_at": 1.0, "sets": {"state.json last_good": {"levers": {"a": 1}}}}

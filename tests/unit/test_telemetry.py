@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from supervisor.telemetry import parse_metrics
+from sglang_supervisor.observe.telemetry import parse_metrics
 
 #: What SGLang exports with --enable-priority-scheduling: the total under priority="" and
 #: the per-priority breakdown under priority="<n>"

@@ -4,8 +4,8 @@ Put this directory first on the daemon's ``PYTHONPATH`` (``SGS_E2E_FAKE_NVML=1``
 the daemon's ``NvmlProbe`` then sees ``FAKE_NVML_GPUS`` GPUs of ``FAKE_NVML_MEMORY_MIB``
 MiB whose used memory is ``FAKE_NVML_BASELINE_MIB`` plus the bytes registered in
 ``FAKE_NVML_REGISTRY`` by processes that are still alive — the registry the simulated
-backend uses (``supervisor.sim.gpus``), written by the stand-in's ranks in fake-GPU mode.
-Only the calls ``supervisor.nvml`` makes exist. Never used against real GPUs.
+backend uses (``sglang_supervisor.sim.gpus``), written by the stand-in's ranks in fake-GPU mode.
+Only the calls ``sglang_supervisor.host.nvml`` makes exist. Never used against real GPUs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from supervisor.sim.gpus import holds_memory, read_registry, sim_gpu_uuid
+from sglang_supervisor.sim.gpus import holds_memory, read_registry, sim_gpu_uuid
 
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3

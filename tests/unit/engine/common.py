@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from supervisor.operations import Operation
-from supervisor.phases import OpKind, PhaseName
-from supervisor.states import ServerState
+from sglang_supervisor.operations import Operation
+from sglang_supervisor.phases import OpKind, PhaseName
+from sglang_supervisor.states import ServerState
 from tests.unit.fakes import GIB, Rig, until
 
 S = ServerState

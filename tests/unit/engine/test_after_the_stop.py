@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.app import create_app
-from supervisor.engine import checks
-from supervisor.levers import LeverError
-from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
+from sglang_supervisor.engine import checks
+from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
+from sglang_supervisor.sglang.levers import LeverError
+from sglang_supervisor_api.app import create_app
 from tests.unit.engine.common import HELD_PER_RANK, S, apply, nothing_held, settle, state_of
 from tests.unit.fakes import GIB, INITIAL_LEVERS, Behaviour, make_rig, run, until
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.engine import checks
-from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
-from supervisor.phases import PhaseName
-from supervisor.store import Store
+from sglang_supervisor.engine import checks
+from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
+from sglang_supervisor.phases import PhaseName
+from sglang_supervisor.store import Store
 from tests.unit.engine.common import (
     APPLY_EDGES,
     HELD_PER_RANK,

@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.app import create_app
-from supervisor.engine import NoSuchOperation, OperationFinished
-from supervisor.engine import registry as engine_registry
-from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
-from supervisor.phases import OpKind
+from sglang_supervisor.engine import NoSuchOperation, OperationFinished
+from sglang_supervisor.engine import registry as engine_registry
+from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
+from sglang_supervisor.phases import OpKind
+from sglang_supervisor_api.app import create_app
 from tests.unit.engine.common import HELD_PER_RANK, S, nothing_held, settle, state_of
 from tests.unit.fakes import DEFAULT_METRICS, INITIAL_LEVERS, Behaviour, make_rig, run, until
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.levers import LeverError
-from supervisor.operations import FAILED, RUNNING, SUCCEEDED
-from supervisor.phases import OpKind
+from sglang_supervisor.operations import FAILED, RUNNING, SUCCEEDED
+from sglang_supervisor.phases import OpKind
+from sglang_supervisor.sglang.levers import LeverError
 from tests.unit.engine.common import (
     S,
     apply,

@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from supervisor.config import Settings
-from supervisor.levers import LeverSet
-from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
-from supervisor.phases import PhaseName
-from supervisor.store import PersistedState, Store
+from sglang_supervisor.config import Settings
+from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
+from sglang_supervisor.phases import PhaseName
+from sglang_supervisor.sglang.levers import LeverSet
+from sglang_supervisor.store import PersistedState, Store
 from tests.unit.engine.common import (
     HELD_PER_RANK,
     S,

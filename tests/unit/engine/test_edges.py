@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
-from supervisor.states import ALLOWED, ServerState
+from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
+from sglang_supervisor.states import ALLOWED, ServerState
 from tests.unit.engine.common import S, apply, idle, launched, settle, state_of
 from tests.unit.fakes import (
     DEFAULT_METRICS,

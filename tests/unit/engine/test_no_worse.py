@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
-from api.app import create_app
-from supervisor.engine import NotCancellable
-from supervisor.operations import FAILED, ROLLED_BACK, Operation
-from supervisor.phases import OpKind, PhaseName, PhasePrefix, prefixed
-from supervisor.store import Store
+from sglang_supervisor.engine import NotCancellable
+from sglang_supervisor.operations import FAILED, ROLLED_BACK, Operation
+from sglang_supervisor.phases import OpKind, PhaseName, PhasePrefix, prefixed
+from sglang_supervisor.store import Store
+from sglang_supervisor_api.app import create_app
 from tests.unit.engine.common import (
     HELD_PER_RANK,
     S,

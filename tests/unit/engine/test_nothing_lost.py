@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import diskspace
-from supervisor.levers import LeverSet
-from supervisor.operations import FAILED
-from supervisor.store import REJECTED_FILE, PersistedState, Store
+from sglang_supervisor import diskspace
+from sglang_supervisor.operations import FAILED
+from sglang_supervisor.sglang.levers import LeverSet
+from sglang_supervisor.store import REJECTED_FILE, PersistedState, Store
 from tests.unit.engine.common import apply
 from tests.unit.fakes import INITIAL_LEVERS, Behaviour, make_rig, run
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.operations import SUCCEEDED
+from sglang_supervisor.operations import SUCCEEDED
 from tests.unit.engine.common import (
     S,
     nothing_held,

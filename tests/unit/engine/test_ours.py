@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from supervisor.levers import LeverError
-from supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
-from supervisor.phases import OpKind, PhaseName
+from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
+from sglang_supervisor.phases import OpKind, PhaseName
+from sglang_supervisor.sglang.levers import LeverError
 from tests.unit.engine.common import S, apply, idle, ops_of, phase_detail, settle
 from tests.unit.engine.test_router_steps import FakeRouter
 from tests.unit.fakes import Behaviour, make_rig, run, until

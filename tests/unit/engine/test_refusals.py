@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.engine import Busy
-from supervisor.levers import LeverError
-from supervisor.operations import SUCCEEDED
+from sglang_supervisor.engine import Busy
+from sglang_supervisor.operations import SUCCEEDED
+from sglang_supervisor.sglang.levers import LeverError
 from tests.unit.engine.common import (
     S,
     apply,

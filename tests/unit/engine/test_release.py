@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.operations import FAILED, SUCCEEDED
+from sglang_supervisor.operations import FAILED, SUCCEEDED
 from tests.unit.engine.common import (
     S,
     apply,

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.engine import transaction
-from supervisor.engine.server import pause as real_pause
-from supervisor.health import Probe
-from supervisor.operations import ROLLED_BACK, SUCCEEDED, Operation
-from supervisor.phases import OpKind
+from sglang_supervisor.engine import transaction
+from sglang_supervisor.engine.server import pause as real_pause
+from sglang_supervisor.observe.health import Probe
+from sglang_supervisor.operations import ROLLED_BACK, SUCCEEDED, Operation
+from sglang_supervisor.phases import OpKind
 from tests.unit.engine.common import S, apply, idle, ops_of
 from tests.unit.engine.test_router_steps import FakeRouter
 from tests.unit.fakes import Behaviour, FakeClock, FakeHealth, make_rig, run, until

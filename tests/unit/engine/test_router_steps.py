@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.phases import OpKind
-from supervisor.router import RouterError
+from sglang_supervisor.phases import OpKind
+from sglang_supervisor.sglang.router import RouterError
 from tests.unit.engine.common import S, apply, idle, ops_of, settle
 from tests.unit.fakes import make_rig, run, until
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.engine import Busy
-from supervisor.operations import FAILED, SUCCEEDED
-from supervisor.phases import OpKind
-from supervisor.store import Store
+from sglang_supervisor.engine import Busy
+from sglang_supervisor.operations import FAILED, SUCCEEDED
+from sglang_supervisor.phases import OpKind
+from sglang_supervisor.store import Store
 from tests.unit.engine.common import (
     S,
     nothing_held,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.levers import LeverError
-from supervisor.operations import FAILED, SUCCEEDED
+from sglang_supervisor.operations import FAILED, SUCCEEDED
+from sglang_supervisor.sglang.levers import LeverError
 from tests.unit.engine.common import (
     HELD_PER_RANK,
     S,

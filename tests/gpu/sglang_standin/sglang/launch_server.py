@@ -22,7 +22,7 @@ Switches (environment; the supervisor passes a lever set's ``env`` through):
   out-of-memory error at start;
 * ``SGLANG_STANDIN_STARTUP_S``: seconds a rank waits before allocating (a model load);
 * ``SGLANG_STANDIN_FAKE_GPU_DIR``: no torch — a rank registers its bytes in this directory
-  instead (``supervisor.sim.gpus`` registry format, read by the test's fake NVML), with
+  instead (``sglang_supervisor.sim.gpus`` registry format, read by the test's fake NVML), with
   ``SGLANG_STANDIN_FAKE_GPU_MIB`` per GPU: for rehearsing the test on a CPU-only host.
 """
 

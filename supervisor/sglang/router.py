@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from supervisor.config import RouterSettings, ServerSettings
+from sglang_supervisor.config import RouterSettings, ServerSettings
 
 API_KEY_ENV = "SGLANG_SUPERVISOR_ROUTER_API_KEY"
 

@@ -4,7 +4,7 @@ Operators run whichever SGLang they installed; flags change between versions. So
 schema is read from the configured interpreter, in the environment the server inherits
 (``schema_probe.py`` run as ``-c`` source, through SGLang's ``ServerArgs.add_cli_args``),
 cached per (interpreter, SGLang version). SGLang's full launch-time verdict on a lever set
-is ``supervisor.resolution``; ``check_argv`` here is its parse-only fallback.
+is ``sglang_supervisor.sglang.resolution``; ``check_argv`` here is its parse-only fallback.
 Everything here blocks (subprocesses): call it from a worker thread.
 """
 
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.schema import BUNDLED_VERSION, FlagSchema, load_bundled
-from supervisor.store import StoreError, atomic_write
+from sglang_supervisor.sglang.schema import BUNDLED_VERSION, FlagSchema, load_bundled
+from sglang_supervisor.store import StoreError, atomic_write
 
 log = logging.getLogger(__name__)
 

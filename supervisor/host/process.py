@@ -7,7 +7,7 @@ Members of a launch are the union of (DESIGN.md "Teardown"):
 * every process whose environment carries ``SGLANG_SUPERVISOR_INSTANCE=<tag>``: set at
   spawn, inherited by all descendants, it survives re-parenting and ``setsid``.
 
-``supervisor.teardown`` stops them in stages with the signal helpers here. Nothing here
+``sglang_supervisor.host.teardown`` stops them in stages with the signal helpers here. Nothing here
 touches a process outside that union.
 """
 

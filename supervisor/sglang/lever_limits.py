@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from supervisor.layout import Layout
+from sglang_supervisor.sglang.layout import Layout
 
 MAX_VALUE_BYTES = 16 * 1024
 MAX_LIST_ITEMS = 4096

@@ -1,8 +1,8 @@
 """GPU probing and release verification.
 
 ``GpuProbe`` is the small interface everything GPU-related goes through: NVML on a real
-host (``supervisor.nvml.NvmlProbe``), simulated GPUs in ``--simulate`` mode
-(``supervisor.sim.gpus.SimGpuProbe``), fakes in unit tests. A failed query raises
+host (``sglang_supervisor.host.nvml.NvmlProbe``), simulated GPUs in ``--simulate`` mode
+(``sglang_supervisor.sim.gpus.SimGpuProbe``), fakes in unit tests. A failed query raises
 ``GpuQueryError``; it is never read as "zero bytes used".
 """
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from supervisor.gpu import GpuInfo, GpuProcess, GpuQueryError, GpuSample
+from sglang_supervisor.host.gpu import GpuInfo, GpuProcess, GpuQueryError, GpuSample
 
 log = logging.getLogger(__name__)
 

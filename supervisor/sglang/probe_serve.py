@@ -4,7 +4,7 @@ imports read (``_recording_env_reads``), says which SGLang answers (``_which_sgl
 ``ENTRY_POINTS``), then answers each request in a fork that may take on another
 environment (``_apply_env``).
 
-``supervisor.resolution_helper.probe_source`` sends this source after
+``sglang_supervisor.sglang.resolution_helper.probe_source`` sends this source after
 ``resolve_probe.py`` and ``probe_checks.py`` (one ``-c`` program), so it imports nothing
 but the standard library (and, lazily, SGLang and transformers).
 """
@@ -18,7 +18,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # at run time: the same -c program (resolution_helper.probe_source)
-    from supervisor.resolve_probe import _answer, install_device_facts
+    from sglang_supervisor.sglang.resolve_probe import _answer, install_device_facts
 
 
 def _prewarm(gpu: dict[str, Any]) -> None:

@@ -5,7 +5,7 @@ working directory, as for ``python -m sglang.launch_server``, never this file's 
 in the server's environment and working directory. It imports nothing but the standard
 library, torch and SGLang. One program with ``probe_checks.py`` (the checks before
 SGLang's resolution) and ``probe_serve.py`` (the warm ``--serve`` mode):
-``supervisor.resolution_helper.probe_source`` joins them.
+``sglang_supervisor.sglang.resolution_helper.probe_source`` joins them.
 
 Input (stdin, JSON): ``{"argv": [...], "gpu": {"count", "name", "capability": [major,
 minor], "memory_mib", "driver_version"}}``.
@@ -42,8 +42,13 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # at run time these come in the same -c program (probe_source)
-    from supervisor.probe_checks import check_paths, model_unreachable, not_run_item, with_standins
-    from supervisor.probe_serve import serve
+    from sglang_supervisor.sglang.probe_checks import (
+        check_paths,
+        model_unreachable,
+        not_run_item,
+        with_standins,
+    )
+    from sglang_supervisor.sglang.probe_serve import serve
 
 #: Resolved fields the supervisor shows (the full diff against the input comes too).
 KEY_FIELDS = (

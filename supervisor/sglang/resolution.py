@@ -1,6 +1,6 @@
 """SGLang's own launch-time resolution of a lever set, asked in the server's interpreter.
 
-``resolve_levers(python, argv, env, gpu_facts)`` runs ``supervisor/resolve_probe.py`` in
+``resolve_levers(python, argv, env, gpu_facts)`` runs ``supervisor/sglang/resolve_probe.py`` in
 ``python`` with exactly the environment and working directory the server would get:
 SGLang's ``prepare_server_args`` (argparse), its resolution pipeline
 (``ServerArgs.resolve_once``: every ``handle_*`` hook) and ``check_server_args``, with
@@ -10,8 +10,8 @@ words and the file:line that raised them) or accepted with the values SGLang res
 (the fraction it picks, chunk size, CUDA-graph batch sizes, page size, attention
 backend...), and the checks that could not run here, each with why.
 
-A warm helper (``supervisor.resolution_helper``) per (interpreter, environment, working
-directory, GPU facts) keeps torch and SGLang imported and answers each request in a fork
+A warm helper (``sglang_supervisor.sglang.resolution_helper``) per (interpreter, environment,
+working directory, GPU facts) keeps torch and SGLang imported and answers each request in a fork
 of itself: ~0.1 s of work after the first (seconds) import. A request whose environment
 differs from a warm helper's only in variables SGLang reads when it runs
 (``resolution_helper.FORK_ENV_PREFIXES``, and none of them read while the helper
@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor.resolution_helper import MAX_HELPERS, _Helper
-from supervisor.sglang_parser import ParserUnavailable
+from sglang_supervisor.sglang.parser import ParserUnavailable
+from sglang_supervisor.sglang.resolution_helper import MAX_HELPERS, _Helper
 
 #: Compute capability by GPU family, for when NVML's answer is not at hand.
 _CAPABILITY_BY_NAME = (
@@ -314,8 +314,8 @@ def resolve_levers(
     ``attention_backend``, ``cuda_graph_max_bs``/``cuda_graph_bs``...); the planner uses
     them as its defaults where SGLang is installed. Raises ``ParserUnavailable`` when
     ``python`` cannot run SGLang at all. Blocks (seconds the first time per environment).
-    ``paths`` (``supervisor.lever_paths.path_kinds``) are the path- and JSON-valued levers
-    to check where the server runs before SGLang's resolution.
+    ``paths`` (``sglang_supervisor.sglang.lever_paths.path_kinds``) are the path- and JSON-valued
+    levers to check where the server runs before SGLang's resolution.
     """
     return default_resolver().resolve(
         python, argv, env, gpu_facts, cwd=cwd, timeout_s=timeout_s, paths=paths

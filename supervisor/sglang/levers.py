@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor import lever_limits
-from supervisor.layout import size_problems
-from supervisor.lever_limits import shown, text_problem
-from supervisor.schema import FlagSchema, FlagSpec, normalize_name
+from sglang_supervisor.sglang import lever_limits
+from sglang_supervisor.sglang.layout import size_problems
+from sglang_supervisor.sglang.lever_limits import shown, text_problem
+from sglang_supervisor.sglang.schema import FlagSchema, FlagSpec, normalize_name
 
 Scalar = str | int | float | bool
 Value = Scalar | list[Scalar]

@@ -17,18 +17,18 @@ from typing import Any
 
 import psutil
 
-from supervisor.gpu import FOREIGN_ADVICE, GpuInfo, GpuSample, foreign_holders
-from supervisor.layout import Layout
-from supervisor.levers import LeverProblem, LeverSet
-from supervisor.planner.hicache import (
+from sglang_supervisor.host.gpu import FOREIGN_ADVICE, GpuInfo, GpuSample, foreign_holders
+from sglang_supervisor.planner.hicache import (
     SGLANG_HOST_RAM_MARGIN,
     auto_sized,
     available_host_ram_bytes,
     held_host_bytes,
     host_pool_bytes_per_rank,
 )
-from supervisor.planner.hostpool import DevicePool, describe, ratio_host_bytes_per_rank
-from supervisor.units import GB, GiB
+from sglang_supervisor.planner.hostpool import DevicePool, describe, ratio_host_bytes_per_rank
+from sglang_supervisor.sglang.layout import Layout
+from sglang_supervisor.sglang.levers import LeverProblem, LeverSet
+from sglang_supervisor.units import GB, GiB
 
 log = logging.getLogger("supervisor")
 
@@ -39,12 +39,14 @@ def _int(levers: Mapping[str, Any], name: str, default: int = 1) -> int:
 
 
 def gpus_needed(levers: Mapping[str, Any]) -> int:
-    """Visible GPUs one server needs: its highest GPU id + 1 (``supervisor.layout``)."""
+    """Visible GPUs one server needs: its highest GPU id + 1
+    (``sglang_supervisor.sglang.layout``)."""
     return Layout.of(levers).gpus_needed
 
 
 def ranks(levers: Mapping[str, Any]) -> int:
-    """Scheduler processes (ranks) of one server: dp × tp × pp (``supervisor.layout``)."""
+    """Scheduler processes (ranks) of one server: dp × tp × pp
+    (``sglang_supervisor.sglang.layout``)."""
     return Layout.of(levers).ranks
 
 
@@ -52,7 +54,7 @@ def pinned_host_bytes(
     levers: Mapping[str, Any], gpu_total_bytes: int, host_available_bytes: int | None = None
 ) -> int:
     """Pinned host RAM the server's hierarchical cache takes over all its ranks
-    (``supervisor.planner.hicache``: SGLang's auto-sizing when neither size nor ratio)."""
+    (``sglang_supervisor.planner.hicache``: SGLang's auto-sizing when neither size nor ratio)."""
     return ranks(levers) * host_pool_bytes_per_rank(levers, gpu_total_bytes, host_available_bytes)
 
 
@@ -78,9 +80,9 @@ def running_host_pool(
 ) -> tuple[HostFacts, int]:
     """The host as the new server would find it while the running server (``levers``)
     still holds its hierarchical cache, and the pinned bytes that cache frees at the stop
-    (``supervisor.planner.hicache.held_host_bytes``: SGLang's auto-sizing rule, not ratio
+    (``sglang_supervisor.planner.hicache.held_host_bytes``: SGLang's auto-sizing rule, not ratio
     2.0). An explicit ``hicache_ratio`` is a multiple of the running server's device pool
-    (``device_pool``, SGLang's sizing: ``supervisor.planner.hostpool``) where it is known.
+    (``device_pool``, SGLang's sizing: ``sglang_supervisor.planner.hostpool``) where it is known.
     The simulated host's RAM is what is available with nothing of ours running: the
     running simulated server's pools, sized from it, are taken out first."""
     by_ratio = ratio_host_bytes_per_rank(levers, device_pool)

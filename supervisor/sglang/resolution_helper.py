@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from supervisor.sglang_parser import ParserUnavailable
+from sglang_supervisor.sglang.parser import ParserUnavailable
 
 if TYPE_CHECKING:
-    from supervisor.resolution import GpuFacts
+    from sglang_supervisor.sglang.resolution import GpuFacts
 
 PROBE_SOURCE = Path(__file__).with_name("resolve_probe.py")
 #: Checks the probe runs before SGLang's resolution (paths, JSON, the model's config).

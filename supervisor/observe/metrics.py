@@ -17,14 +17,14 @@ from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, ge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from supervisor.gpu import GpuQueryError
-from supervisor.operations import OUTCOMES, Operation
-from supervisor.phases import TIMED_PHASES, OpKind, base_phase
-from supervisor.states import ServerState
-from supervisor.version import python_version, version
+from sglang_supervisor.host.gpu import GpuQueryError
+from sglang_supervisor.operations import OUTCOMES, Operation
+from sglang_supervisor.phases import TIMED_PHASES, OpKind, base_phase
+from sglang_supervisor.states import ServerState
+from sglang_supervisor.version import python_version, version
 
 if TYPE_CHECKING:
-    from supervisor.engine import Supervisor, SupervisorView
+    from sglang_supervisor.engine import Supervisor, SupervisorView
 
 PREFIX = "sglang_supervisor"
 #: Model loads take minutes: buckets reach 30 minutes.

@@ -27,7 +27,7 @@ Hence the staged stop (DESIGN.md "Teardown"; membership rules unchanged):
    reap.
 
 The total stays within ``grace_s + kill_timeout_s``. Nothing here touches a process
-outside the members (``supervisor.process.find_members``).
+outside the members (``sglang_supervisor.host.process.find_members``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Literal
 
 import psutil
 
-from supervisor.process import Launch, _alive, _killpg, _signal, find_members, reap
+from sglang_supervisor.host.process import Launch, _alive, _killpg, _signal, find_members, reap
 
 #: Longest wait after SIGTERM to the members left once the launcher's own stop is over:
 #: a rank that honours SIGTERM exits in well under a second (pinned host memory aside,

@@ -5,14 +5,14 @@ serve), ``failed`` ERROR (it could not get back to a serving state: an operator 
 A crash of a ready server is logged as a WARNING where it is detected; the ``recover``
 operation that restarts it ends with a line of its own. The fields are also passed as
 ``extra`` (``operation_id``, ``kind``, ``outcome``, ``duration_s``), which the JSON log
-format (api.logsetup) writes as keys.
+format (sglang_supervisor_api.logsetup) writes as keys.
 """
 
 from __future__ import annotations
 
 import logging
 
-from supervisor.operations import FAILED, ROLLED_BACK, Operation
+from sglang_supervisor.operations import FAILED, ROLLED_BACK, Operation
 
 log = logging.getLogger("supervisor.operations")
 

@@ -2,7 +2,7 @@
 
 SGLang reads these only when it starts (after the running server was stopped), so a
 value that names nothing is checked before the stop: the checks themselves run in the
-server's interpreter, environment and working directory (``supervisor/probe_checks.py``,
+server's interpreter, environment and working directory (``supervisor/sglang/probe_checks.py``,
 inside SGLang's resolution probe), where relative paths and ``HF_HOME`` mean what they
 will mean to the server.
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 
-from supervisor.schema import FlagSchema
+from sglang_supervisor.sglang.schema import FlagSchema
 
 #: Derived: a str flag whose dest ends so names a path SGLang reads.
 _SUFFIXES = ("_path", "_paths", "_file", "_keyfile", "_certfile")

@@ -134,5 +134,5 @@ class FlagSchema:
 
 def load_bundled(version: str = BUNDLED_VERSION) -> FlagSchema:
     """The schema shipped with the package for SGLang ``version``."""
-    text = resources.files("supervisor").joinpath(f"data/sglang-{version}.json").read_text()
+    text = resources.files("sglang_supervisor").joinpath(f"data/sglang-{version}.json").read_text()
     return FlagSchema.from_probe_output(json.loads(text), source="bundled")

@@ -1,12 +1,12 @@
 """Checks of path- and JSON-valued levers and of the model's config, run *inside the
 server's interpreter* as part of SGLang's resolution probe.
 
-``supervisor.resolution_helper`` sends this source with ``resolve_probe.py`` (one ``-c``
-program), so it imports nothing but the standard library (and, lazily, SGLang and
+``sglang_supervisor.sglang.resolution_helper`` sends this source with ``resolve_probe.py`` (one
+``-c`` program), so it imports nothing but the standard library (and, lazily, SGLang and
 huggingface_hub, which the server's environment has). Relative paths resolve against the
 server's working directory and ``HF_HOME``/``HUGGINGFACE_HUB_CACHE`` are the server's:
 what is checked is what the server will find. Which levers and kinds: see
-``supervisor/lever_paths.py``.
+``supervisor/sglang/lever_paths.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # at run time: the same -c program (resolution_helper.probe_source)
-    from supervisor.resolve_probe import _stages
+    from sglang_supervisor.sglang.resolve_probe import _stages
 
 #: A Hugging Face repo id (huggingface_hub's validate_repo_id: ``name`` or
 #: ``namespace/name``, letters, digits, ``-_.``; never ``..`` nor a leading ``-``/``.``).

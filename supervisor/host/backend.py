@@ -1,7 +1,7 @@
 """The server-side interfaces the Supervisor is driven through.
 
 ``ProcessOps`` and ``ServerHandle`` are the OS side (real processes in production:
-``supervisor.runtime.OsProcessOps``; fakes in unit tests); ``Backend`` says how servers
+``sglang_supervisor.runtime.OsProcessOps``; fakes in unit tests); ``Backend`` says how servers
 are started here (real SGLang or the simulated server) and which GPU probe watches them.
 """
 
@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from supervisor.gpu import GpuProbe
-from supervisor.teardown import TeardownReport
+from sglang_supervisor.host.gpu import GpuProbe
+from sglang_supervisor.host.teardown import TeardownReport
 
 if TYPE_CHECKING:
-    from supervisor.planner import ModelSpec
+    from sglang_supervisor.planner import ModelSpec
 
 
 class ServerHandle(Protocol):
-    """A launched (or adopted) server launcher; ``supervisor.process.Launch`` is one."""
+    """A launched (or adopted) server launcher; ``sglang_supervisor.host.process.Launch`` is one."""
 
     pid: int
     create_time: float
@@ -69,7 +69,7 @@ class ProcessOps(Protocol):
 
     def port_listeners(self, host: str, port: int) -> list[int | None]:
         """Pids listening on ``host:port`` (``None``: one this process cannot see);
-        empty when the port is free. Raises ``supervisor.ports.PortsUnreadable``."""
+        empty when the port is free. Raises ``sglang_supervisor.host.ports.PortsUnreadable``."""
         ...
 
 
