@@ -20,6 +20,7 @@ from typing import Any
 from sglang_supervisor.config import Settings, instance_tag_prefix
 from sglang_supervisor.engine import checks, operator_requests, rollback, startup, transaction
 from sglang_supervisor.engine.journal import Journal
+from sglang_supervisor.engine.plan_inputs import PlanInputs, plan_inputs
 from sglang_supervisor.engine.registry import OperationRegistry
 from sglang_supervisor.engine.release import teardown_budget
 from sglang_supervisor.engine.server import ServerInfo
@@ -367,6 +368,10 @@ class Supervisor:
     def view(self) -> SupervisorView:
         """A frozen snapshot for readers (routes, metrics, /plan)."""
         return snapshot(self)
+
+    def plan_inputs(self) -> PlanInputs:
+        """What ``POST /plan`` reads of the daemon, frozen now (the one call /plan makes)."""
+        return plan_inputs(self)
 
     def sample_gpus(self) -> list[GpuSample]:
         """The managed GPUs now (blocking: call it from a worker thread).
