@@ -81,7 +81,7 @@ def refuse_if_busy(sup: Supervisor) -> None:
     """The one rule of "busy" for an operator's request: raises ``Busy`` while the daemon
     closes, or while an operation runs — unless it is a recovery only backing off, which
     yields to the request (once the request has been found valid)."""
-    if sup.shutdown_requested:
+    if sup.stop_request.requested:
         raise Busy(Operation(kind=OpKind.SHUTDOWN))
     current = sup.operation
     if current is not None and not current.finished and not backing_off(sup):

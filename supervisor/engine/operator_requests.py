@@ -86,7 +86,7 @@ async def submit_apply(
     else:
         preempt_backoff(sup)
         # Busy if another started meanwhile (or the daemon began closing).
-        sup.ops.adopt(op, closing=sup.shutdown_requested)
+        sup.ops.adopt(op, closing=sup.stop_request.requested)
     if dry_run:
         diff = sup.levers.diff(checked)
         op.levers_effective = sup.levers.to_json()

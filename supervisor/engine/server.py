@@ -70,7 +70,7 @@ def checkpoint(sup: Supervisor, op: Operation) -> None:
     An operator's cancel is honoured once (``op.cancelled`` records it), so the rollback
     that follows runs to its end; a shutdown is honoured at every boundary.
     """
-    if sup.shutdown_requested:
+    if sup.stop_request.requested:
         raise Cancelled(SHUTDOWN_REASON, shutdown=True)
     reason = op.cancel_requested
     if reason is not None:
