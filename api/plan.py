@@ -16,15 +16,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from sglang_supervisor import planner
-from sglang_supervisor.engine import SupervisorView
-from sglang_supervisor.engine.server import flags, server_env
-from sglang_supervisor.engine.validation import gpu_facts
+from sglang_supervisor.engine import PlanInputs, SupervisorView
 from sglang_supervisor.host import preflight
 from sglang_supervisor.host.backend import Backend
 from sglang_supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
@@ -33,15 +31,10 @@ from sglang_supervisor.planner.proposal import Resolver, Validator
 from sglang_supervisor.planner.stopcost import StopBudget
 from sglang_supervisor.redact import redact
 from sglang_supervisor.sglang.layout import Layout
-from sglang_supervisor.sglang.levers import LeverSet
-from sglang_supervisor.sglang.parser import ParserUnavailable
-from sglang_supervisor.sglang.resolution import Verdict, resolve_levers
+from sglang_supervisor.sglang.resolution import Verdict
 from sglang_supervisor.states import ServerState
 from sglang_supervisor.units import GiB
 from sglang_supervisor_api.routes import SupervisorDep
-
-if TYPE_CHECKING:
-    from sglang_supervisor.engine.supervisor import Supervisor
 
 router = APIRouter()
 
@@ -122,7 +115,7 @@ def resolve_model(
 
 
 def sglang_oracle(
-    sup: Supervisor, body: PlanRequest | None = None
+    inputs: PlanInputs, body: PlanRequest | None = None
 ) -> tuple[Validator | None, Resolver | None]:
     """SGLang's own resolution pipeline, in the server's interpreter, as the planner's
     validator (a candidate it refuses is never proposed) and source of defaults (its
@@ -134,31 +127,19 @@ def sglang_oracle(
     place of the running one's ``model_path``; an inline ``config_json`` has no directory
     SGLang could read, so the planner's formulas answer (never the running model's
     figures under another model's name)."""
-    if not sup.schema_live or not sup.sglang.resolution_runs:
+    ask_sglang = inputs.ask_sglang
+    if ask_sglang is None:
         return None, None  # make_plan says why (sglang_notes)
     if body is not None and body.config_json is not None:
         return None, None
     model_path = str(Path(body.model).expanduser()) if body and body.model else None
-    facts = gpu_facts(sup)
-    if facts is None:
-        return None, None
     answers: dict[str, Verdict | None] = {}
 
     def ask(levers: Mapping[str, Any]) -> Verdict | None:
         asked = dict(levers) if model_path is None else {**levers, "model_path": model_path}
         key = json.dumps(asked, sort_keys=True, default=str)
         if key not in answers:
-            candidate = LeverSet(asked, dict(sup.levers.env))
-            try:
-                answers[key] = resolve_levers(
-                    sup.settings.server.python,
-                    flags(sup, candidate),
-                    server_env(sup, candidate),
-                    facts,
-                    cwd=sup.settings.server.cwd,
-                )
-            except ParserUnavailable:
-                answers[key] = None
+            answers[key] = ask_sglang(asked)
         return answers[key]
 
     def validate(levers: Mapping[str, Any]) -> str | None:
@@ -338,15 +319,9 @@ async def post_plan(sup: SupervisorDep, body: PlanRequest | None = None) -> dict
     """
     try:
         body = body or PlanRequest()
-        t = sup.settings.timeouts
-        stop = StopBudget(
-            budget_s=t.stop_budget_s,
-            stop_grace_s=t.stop_grace_s,
-            kill_timeout_s=t.kill_timeout_s,
-            release_timeout_s=t.release_timeout_s,
-            release_s_per_pinned_gib=t.release_s_per_pinned_gib,
-        )
-        out = await make_plan(body, sup.view(), sup.backend, sglang_oracle(sup, body), stop)
+        inputs = sup.plan_inputs()
+        oracle = sglang_oracle(inputs, body)
+        out = await make_plan(body, inputs.view, inputs.backend, oracle, inputs.stop)
         # Secrets among the current levers (api_key...) are not shown; the proposal's own
         # levers are capacity levers, kept as they are so they can be sent to POST /levers.
         return {**redact(out), "levers": out["levers"], "apply": out["apply"]}

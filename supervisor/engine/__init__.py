@@ -9,6 +9,7 @@ May import: the shared vocabulary (top level), ``sglang``, ``host``, ``observe``
 """
 
 from sglang_supervisor.engine.errors import Busy, NoSuchOperation, NotCancellable, OperationFinished
+from sglang_supervisor.engine.plan_inputs import PlanInputs
 from sglang_supervisor.engine.supervisor import Supervisor
 from sglang_supervisor.engine.view import ServerView, SupervisorView
 
@@ -17,6 +18,7 @@ __all__ = [
     "NoSuchOperation",
     "NotCancellable",
     "OperationFinished",
+    "PlanInputs",
     "ServerView",
     "Supervisor",
     "SupervisorView",

@@ -19,7 +19,7 @@ from sglang_supervisor.engine.release import members_now
 from sglang_supervisor.engine.validation import not_run_of, validate_with_sglang
 from sglang_supervisor.host import preflight as host_preflight
 from sglang_supervisor.host.gpu import FOREIGN_ADVICE, GpuQueryError, GpuSample, foreign_holders
-from sglang_supervisor.operations import FAILED, Operation
+from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation, Phase
 from sglang_supervisor.phases import OpKind, PhaseName
 from sglang_supervisor.planner import PlanError, load_model_dir
 from sglang_supervisor.planner.hostpool import DevicePool
@@ -41,26 +41,33 @@ S = ServerState
 
 
 async def before_the_stop(
-    sup: Supervisor, requested: LeverSet
-) -> tuple[LeverSet, list[tuple[PhaseName, str, float]], dict[str, Any], list[dict[str, str]]]:
-    """Validate, then preflight ``requested``: the canonical set; per phase that passed,
-    what it checked and how long it took; and the values SGLang's own resolution picked
-    (empty when it could not run); and the checks that did not run
-    (``[{"check", "reason"}]``). Raises ``LeverError`` naming every problem (nothing
-    was touched)."""
-    t0 = time.monotonic()
-    checked, validate_detail, verdict = await validate_with_sglang(sup, requested)
-    t_validate = time.monotonic() - t0
+    sup: Supervisor, requested: LeverSet, op: Operation
+) -> tuple[LeverSet, dict[str, Any], list[dict[str, str]]]:
+    """Validate, then preflight ``requested``, each as a phase of ``op`` timed as it runs
+    (``op`` is not yet registered: a refusal leaves nothing behind). Returns the
+    canonical set, the values SGLang's own resolution picked (empty when it could not
+    run) and the checks that did not run (``[{"check", "reason"}]``). Raises
+    ``LeverError`` naming every problem (nothing was touched)."""
+    ph, t0 = op.phase(PhaseName.VALIDATE), time.monotonic()
+    try:
+        checked, validate_detail, verdict = await validate_with_sglang(sup, requested)
+    except LeverError as exc:
+        ph.end(FAILED, str(exc))
+        raise
+    _passed(ph, t0, validate_detail)
+    ph, t0 = op.phase(PhaseName.PREFLIGHT), time.monotonic()
     problems = await preflight(sup, checked)
-    t_preflight = time.monotonic() - t0 - t_validate
     if problems:
+        ph.end(FAILED, "; ".join(f"{p.lever}: {p.message}" for p in problems))
         raise LeverError(problems)
-    passed = [
-        (PhaseName.VALIDATE, validate_detail, t_validate),
-        (PhaseName.PREFLIGHT, "GPUs, host RAM, port, model path", t_preflight),
-    ]
+    _passed(ph, t0, "GPUs, host RAM, port, model path")
     resolved = {} if verdict is None else dict(verdict.resolved)
-    return checked, passed, resolved, not_run_of(sup, verdict)
+    return checked, resolved, not_run_of(sup, verdict)
+
+
+def _passed(ph: Phase, t0: float, detail: str) -> None:
+    ph.duration_s = took = time.monotonic() - t0
+    ph.end(SUCCEEDED, f"{detail} ({took * 1000:.1f} ms)")
 
 
 def backing_off(sup: Supervisor) -> bool:
@@ -74,7 +81,7 @@ def refuse_if_busy(sup: Supervisor) -> None:
     """The one rule of "busy" for an operator's request: raises ``Busy`` while the daemon
     closes, or while an operation runs — unless it is a recovery only backing off, which
     yields to the request (once the request has been found valid)."""
-    if sup.shutdown_requested:
+    if sup.stop_request.requested:
         raise Busy(Operation(kind=OpKind.SHUTDOWN))
     current = sup.operation
     if current is not None and not current.finished and not backing_off(sup):

@@ -1,6 +1,7 @@
 """An operator's requests to the facade, past their checks of shape: an apply's
-validation, preflight and dry run before it becomes an operation (``submit_apply``), a
-cancel (``request_cancel``), and the backoff that yields to either (``preempt_backoff``).
+validation, preflight and dry run, run as phases of its operation before it becomes the
+running one (``submit_apply``), a cancel (``request_cancel``), and the backoff that
+yields to either (``preempt_backoff``).
 ``Supervisor``'s methods of the same names say what each promises.
 """
 
@@ -67,24 +68,25 @@ async def submit_apply(
     # request has been found valid (below): a typo must not cancel a recovery.
     if not dry_run:
         checks.refuse_if_busy(sup)
+    # The apply is one operation from here on: its validate and preflight phases run on
+    # it, timed as they run, and count in its duration and metrics. It becomes the
+    # running operation only once they pass, so a refused request leaves nothing behind.
+    op = Operation(kind=OpKind.APPLY, dry_run=dry_run)
     requested = sup.requested_levers(levers, env, replace=replace)
     # LeverError when SGLang (or a host check) refuses: nothing is touched.
-    checked, passed, resolved, not_run = await checks.before_the_stop(sup, requested)
+    checked, resolved, not_run = await checks.before_the_stop(sup, requested, op)
+    op.levers_requested = checked.to_json()
+    op.not_run = not_run
+    op.resolved = resolved
     unchanged = not force_restart and checks.serving_unchanged(sup, checked)
     if not unchanged and not without_router:
         await checks.router_answers(sup)  # LeverError
     if dry_run:
-        op = Operation(kind=OpKind.APPLY, levers_requested=checked.to_json(), dry_run=True)
         sup.ops.keep(op)
     else:
         preempt_backoff(sup)
-        op = sup._begin(OpKind.APPLY, checked)  # Busy if another started meanwhile
-    op.not_run = not_run
-    op.resolved = resolved
-    for name, detail, took in passed:
-        ph = op.phase(name)
-        ph.duration_s = took
-        ph.end(SUCCEEDED, f"{detail} ({took * 1000:.1f} ms)")
+        # Busy if another started meanwhile (or the daemon began closing).
+        sup.ops.adopt(op, closing=sup.stop_request.requested)
     if dry_run:
         diff = sup.levers.diff(checked)
         op.levers_effective = sup.levers.to_json()

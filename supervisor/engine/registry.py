@@ -61,19 +61,27 @@ class OperationRegistry:
 
     def begin(self, kind: OpKind, requested: LeverSet | None, *, closing: bool) -> Operation:
         """The new running operation; ``Busy`` while another runs or the daemon closes."""
+        op = Operation(
+            kind=kind, levers_requested=None if requested is None else requested.to_json()
+        )
+        return self.adopt(op, closing=closing)
+
+    def adopt(self, op: Operation, *, closing: bool) -> Operation:
+        """``op``, created before its checks (an apply's validate and preflight ran on it),
+        becomes the running operation; ``Busy`` as for ``begin``. The phases it already
+        has are announced now, as they ended (nobody could follow it before)."""
         if closing:
             raise Busy(Operation(kind=OpKind.SHUTDOWN))
         current = self.current
         if current is not None and not current.finished:
             raise Busy(current)
-        op = Operation(
-            kind=kind, levers_requested=None if requested is None else requested.to_json()
-        )
         op.listener = self._publish_phase
         op.on_end = self.ended
         self.current = op
         self.keep(op)
-        self.events.publish("operation", id=op.id, op_kind=kind, state="running")
+        self.events.publish("operation", id=op.id, op_kind=op.kind, state="running")
+        for ph in op.phases:
+            self._publish_phase(op, ph.to_json())
         return op
 
     def _publish_phase(self, op: Operation, phase: dict[str, Any]) -> None:

@@ -48,10 +48,10 @@ async def teardown(
         tag=None if handle is None else handle.tag,
         tag_prefix=sup.tag_prefix,
         exclude_tag=exclude_tag,
-        grace_s=0.0 if sup.shutdown_forced else t.stop_grace_s,
+        grace_s=0.0 if sup.stop_request.forced else t.stop_grace_s,
         kill_timeout_s=t.kill_timeout_s,
         # A second shutdown request during the grace period: SIGKILL now.
-        cut_grace=lambda: sup.shutdown_forced,
+        cut_grace=sup.stop_request.is_forced,
     )
 
 
@@ -70,9 +70,7 @@ def teardown_budget(sup: Supervisor) -> float:
     grace + kill wait + release (pinned memory)."""
     t = sup.settings.timeouts
     levers = sup.server.levers if sup.server is not None else None
-    drain = 0.0
-    if sup.drain_deadline is not None and not sup.shutdown_forced:
-        drain = max(0.0, sup.drain_deadline - sup.clock())
+    drain = sup.stop_request.drain_left(sup.clock())
     return drain + t.stop_grace_s + t.kill_timeout_s + release_timeout(sup, levers)
 
 

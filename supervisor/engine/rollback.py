@@ -77,7 +77,7 @@ async def start_last_good(sup: Supervisor, op: Operation, good: LeverSet, phase:
         return True
     server = sup.server
     code = None if server is None else server.handle.returncode
-    if code is None or code >= 0 or op.cancelled is not None or sup.shutdown_requested:
+    if code is None or code >= 0 or op.cancelled is not None or sup.stop_request.requested:
         return False  # its own failure (an exit code), or nobody wants it any more
     first = op.rollback_reason or "the last-good launcher was killed by a signal"
     if not await stop_and_release(
@@ -104,7 +104,7 @@ async def contain(sup: Supervisor, op: Operation, exc: Exception) -> None:
     why = f"internal error: {type(exc).__name__}: {exc}"
     op.rollback_reason = why
     no_cancel_from_here(op, "the containment of an internal error")
-    if sup.shutdown_requested:
+    if sup.stop_request.requested:
         op.finish(FAILED, why)
         return
     if op.kind != OpKind.STOP and sup.last_good is not None:

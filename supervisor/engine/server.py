@@ -32,7 +32,9 @@ from sglang_supervisor.sglang.levers import LeverSet, render_argv
 from sglang_supervisor.states import ServerState
 
 if TYPE_CHECKING:
+    from sglang_supervisor.config import ServerSettings
     from sglang_supervisor.engine.supervisor import Supervisor
+    from sglang_supervisor.sglang.schema import FlagSchema
 
 log = logging.getLogger("supervisor")
 S = ServerState
@@ -68,7 +70,7 @@ def checkpoint(sup: Supervisor, op: Operation) -> None:
     An operator's cancel is honoured once (``op.cancelled`` records it), so the rollback
     that follows runs to its end; a shutdown is honoured at every boundary.
     """
-    if sup.shutdown_requested:
+    if sup.stop_request.requested:
         raise Cancelled(SHUTDOWN_REASON, shutdown=True)
     reason = op.cancel_requested
     if reason is not None:
@@ -90,9 +92,13 @@ async def pause(sup: Supervisor, op: Operation, seconds: float) -> None:
 
 def flags(sup: Supervisor, levers: LeverSet) -> list[str]:
     """The server's flags: the levers, then the ones the supervisor owns."""
-    s = sup.settings.server
-    owned = ["--host", s.host, "--port", str(s.port), "--enable-metrics"]
-    return [*render_argv(levers, sup.schema), *owned]
+    return launch_flags(levers, sup.schema, sup.settings.server)
+
+
+def launch_flags(levers: LeverSet, schema: FlagSchema, server: ServerSettings) -> list[str]:
+    """``flags`` from its parts (no ``Supervisor``: safe in a worker thread)."""
+    owned = ["--host", server.host, "--port", str(server.port), "--enable-metrics"]
+    return [*render_argv(levers, schema), *owned]
 
 
 def server_env(sup: Supervisor, levers: LeverSet) -> dict[str, str]:

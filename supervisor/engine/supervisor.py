@@ -20,11 +20,13 @@ from typing import Any
 from sglang_supervisor.config import Settings, instance_tag_prefix
 from sglang_supervisor.engine import checks, operator_requests, rollback, startup, transaction
 from sglang_supervisor.engine.journal import Journal
+from sglang_supervisor.engine.plan_inputs import PlanInputs, plan_inputs
 from sglang_supervisor.engine.registry import OperationRegistry
 from sglang_supervisor.engine.release import teardown_budget
 from sglang_supervisor.engine.server import ServerInfo
 from sglang_supervisor.engine.sglang_info import SglangInfo
 from sglang_supervisor.engine.sglang_info import before_start as sglang_before_start
+from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.engine.view import MembersCache, SupervisorView, gpu_status, snapshot
 from sglang_supervisor.engine.watch import Watcher
 from sglang_supervisor.host.backend import Backend, ProcessOps
@@ -106,12 +108,9 @@ class Supervisor:
         self.loading: str | None = "the state directory, SGLang's flag schema, the GPUs"
         self.tag_prefix = instance_tag_prefix(settings)
         self.watch = Watcher(self)
-        #: When a drain in progress ends at the latest (None: no drain).
-        self.drain_deadline: float | None = None
-        #: Set by the first shutdown request: operations end at their next phase boundary.
-        self.shutdown_requested = False
-        #: Set by a second request: no drain, SIGKILL without a grace period.
-        self.shutdown_forced = False
+        #: A shutdown asked for (graceful, then forced) and the drain's deadline: what
+        #: the steps read to end early, apart from the state.
+        self.stop_request = StopRequest()
         self._started = False
         self._shutdown_task: asyncio.Future[bool] | None = None
         #: The member pids /status showed last (on the loop only; see view.MembersCache).
@@ -146,7 +145,7 @@ class Supervisor:
         return self.ops.on_end
 
     def _begin(self, kind: OpKind, requested: LeverSet | None) -> Operation:
-        return self.ops.begin(kind, requested, closing=self.shutdown_requested)
+        return self.ops.begin(kind, requested, closing=self.stop_request.requested)
 
     # ------------------------------------------------------------------ states
 
@@ -191,12 +190,22 @@ class Supervisor:
         is started. After ``request_shutdown()`` it starts nothing.
         """
         await startup.prepare(self)
-        if self.shutdown_requested:
+        if self.stop_request.requested:
             return
         self._started = True
         self.watch.start()
         op = self._begin(OpKind.START, None)
         self.ops.run(op, startup.initial_start(self, op))
+
+    @property
+    def shutdown_requested(self) -> bool:
+        """A shutdown was asked for (read-only: ``request_shutdown`` asks)."""
+        return self.stop_request.requested
+
+    @property
+    def shutdown_forced(self) -> bool:
+        """The shutdown is forced: no drain, SIGKILL without a grace period."""
+        return self.stop_request.forced
 
     def teardown_budget_s(self) -> float:
         """The longest a shutdown may take: the rest of a drain in progress (unless
@@ -213,11 +222,8 @@ class Supervisor:
         next poll and the server gets SIGKILL without a grace period; GPU release is
         still verified.
         """
-        if self.shutdown_requested or force:
-            if not self.shutdown_forced:
-                log.warning("shutdown forced: no drain, SIGKILL without a grace period")
-            self.shutdown_forced = True
-        self.shutdown_requested = True
+        if self.stop_request.request(force=force):
+            log.warning("shutdown forced: no drain, SIGKILL without a grace period")
         op = self.operation
         if op is not None:
             op.wake.set()
@@ -234,7 +240,7 @@ class Supervisor:
         GPUs could not be verified released. A supervisor that never started touches
         nothing. Idempotent: every call returns the first call's result.
         """
-        if not self.shutdown_requested or force:
+        if not self.stop_request.requested or force:
             self.request_shutdown(force=force)
         if self._shutdown_task is None:
             self._shutdown_task = asyncio.ensure_future(self._shutdown(keep_server))
@@ -271,7 +277,7 @@ class Supervisor:
 
     def on_crash(self, kind: str, reason: str) -> None:
         """The watcher saw the ready server exit (``crash``) or stop answering (``hung``)."""
-        if self.operation is not None or self.shutdown_requested or self.state != S.READY:
+        if self.operation is not None or self.stop_request.requested or self.state != S.READY:
             return
         self.restarts_by_reason[kind] = self.restarts_by_reason.get(kind, 0) + 1
         log.warning("server %s: %s", kind, reason)
@@ -367,6 +373,10 @@ class Supervisor:
     def view(self) -> SupervisorView:
         """A frozen snapshot for readers (routes, metrics, /plan)."""
         return snapshot(self)
+
+    def plan_inputs(self) -> PlanInputs:
+        """What ``POST /plan`` reads of the daemon, frozen now (the one call /plan makes)."""
+        return plan_inputs(self)
 
     def sample_gpus(self) -> list[GpuSample]:
         """The managed GPUs now (blocking: call it from a worker thread).

@@ -143,12 +143,12 @@ async def drain(sup: Supervisor, op: Operation, timeout_s: float) -> None:
     sup.transition(S.DRAINING, f"drain up to {timeout_s:.0f}s ({op.id})")
     started = sup.clock()
     deadline = started + timeout_s
-    sup.drain_deadline = deadline
+    sup.stop_request.drain_deadline = deadline
     pending: float | None = None
     poll_s = sup.settings.router.drain_poll_s if sup.router.enabled else 0.25
     try:
         while sup.clock() < deadline:
-            if sup.shutdown_forced:
+            if sup.stop_request.forced:
                 raise Cancelled(f"{SHUTDOWN_REASON} (forced: drain skipped)", shutdown=True)
             if op.cancel_requested is not None:
                 checkpoint(sup, op)
@@ -161,7 +161,7 @@ async def drain(sup: Supervisor, op: Operation, timeout_s: float) -> None:
                     return
             await asyncio.sleep(max(sup.poll_s, poll_s))
     finally:
-        sup.drain_deadline = None
+        sup.stop_request.drain_deadline = None
         sup.last_drain_s = sup.clock() - started
         sup.last_drain_left = pending
     left = "an unknown number of" if pending is None else f"{pending:g}"
