@@ -10,6 +10,7 @@ from sglang_supervisor.planner.hicache import auto_ratio, auto_sized, host_pool_
 from sglang_supervisor.planner.inputs import lever_bool, lever_float, lever_int
 from sglang_supervisor.planner.memory import sglang_reserve
 from sglang_supervisor.planner.model import ModelSpec
+from sglang_supervisor.planner.nodes import NodeShare
 from sglang_supervisor.planner.pools import pools
 from sglang_supervisor.planner.stopcost import StopBudget
 from sglang_supervisor.sglang.layout import Layout
@@ -81,6 +82,11 @@ class Capacity:
     attn_dp_size: int
     #: Independent KV pools (request schedulers): replicas × attention-DP groups.
     kv_pools: int
+    #: Nodes the server spans and the ranks on each (``planner.nodes``; 1 and ``ranks``
+    #: on one host). Host RAM is each node's own: the host pool's per node.
+    nnodes: int = 1
+    ranks_per_node: int = 1
+    host_ram_needed_bytes_per_node: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +108,7 @@ def capacity(
     copy of the rule.
     """
     lay = Layout.of(levers)
+    share = NodeShare.of(levers)
     is_mla = model.shape.is_mla
     reserve = sglang_reserve(gpu_bytes, levers, is_mla)
     explicit = lever_float(levers, "mem_fraction_static")
@@ -127,7 +134,7 @@ def capacity(
     if hicache:
         ratio = lever_float(levers, "hicache_ratio")
         if auto_sized(levers) and host_ram_bytes is not None:
-            ratio = max(0.0, auto_ratio(device_bytes, host_ram_bytes, lay.ranks))
+            ratio = max(0.0, auto_ratio(device_bytes, host_ram_bytes, share.ranks_per_node))
         host_tokens = host_pool_tokens(
             lever_int(levers, "hicache_size") or 0, ratio, tokens, c.exact
         )
@@ -175,6 +182,9 @@ def capacity(
         replicas=lay.dp_size,
         attn_dp_size=lay.attn_dp_size,
         kv_pools=lay.kv_pools,
+        nnodes=share.nnodes,
+        ranks_per_node=share.ranks_per_node,
+        host_ram_needed_bytes_per_node=int(host_tokens * c.exact) * share.ranks_per_node,
     )
 
 

@@ -133,8 +133,10 @@ def honest_notes(
         "GPU), so its logged #tokens will be a few percent lower."
     )
     if after.host_ram_needed_bytes:
+        where = f" on each of the {after.nnodes} nodes" if after.nnodes > 1 else ""
         out.append(
-            f"The host pool pins {after.host_ram_needed_bytes / GiB:.0f} GiB of host RAM: "
+            f"The host pool pins {after.host_ram_needed_bytes_per_node / GiB:.0f} GiB of host "
+            f"RAM{where}: "
             "stopping the server takes longer (≈0.2 s per pinned GiB measured on H200), and "
             "the supervisor's release deadline grows with it."
         )

@@ -21,6 +21,7 @@ from sglang_supervisor.planner.memory import (
     sglang_reserve,
 )
 from sglang_supervisor.planner.model import GB, GiB, MiB, ModelSpec, PlanError
+from sglang_supervisor.planner.nodes import NodeShare, candidate_node_problem
 from sglang_supervisor.planner.notes import honest_notes
 from sglang_supervisor.planner.pools import pools
 from sglang_supervisor.planner.report import LeverNote, Plan, in_effect, reason
@@ -150,7 +151,8 @@ def _tune(
             "cache; use GPUs with more memory"
         )
     # The host cache, where SGLang accepts one (and its stop fits the service's budget).
-    budget = host_cache_budget_per_rank(hardware.host_ram_available_bytes, lay.ranks, hardware.stop)
+    per_node = NodeShare.of(new).ranks_per_node  # host RAM is each node's own
+    budget = host_cache_budget_per_rank(hardware.host_ram_available_bytes, per_node, hardware.stop)
     p = pools(model, new, gpu)
     size_gb = budget // GB
     host_tokens = int(size_gb * GB // max(1.0, p.cells.exact))
@@ -214,7 +216,20 @@ def propose(
         raise PlanError(f"target_concurrency must be positive, got {target_concurrency}")
     current = dict(current_levers)
     shape = Layout.of(current)
-    if shape.gpus_needed > hardware.gpus:
+    share = NodeShare.of(current)
+    if share.nnodes > 1:
+        # Several nodes: hardware.gpus is one node's; each node runs its share of the ranks.
+        why = share.problem(current)
+        if why is not None:
+            raise PlanError(f"the current levers cannot be placed on their nodes: {why}")
+        if share.gpus_needed_per_node > hardware.gpus:
+            raise PlanError(
+                f"{shape.describe_sizes()} over nnodes {share.nnodes} puts "
+                f"{share.ranks_per_node} ranks on each node, needing "
+                f"{share.gpus_needed_per_node} GPUs per node, but the plan has "
+                f"{hardware.gpus} per node; give the GPUs of one node, or raise nnodes"
+            )
+    elif shape.gpus_needed > hardware.gpus:
         raise PlanError(
             f"{shape.describe()} needs {shape.gpus_needed} GPUs but the plan has "
             f"{hardware.gpus}; give more GPUs or lower tp_size/dp_size in the current levers"
@@ -228,8 +243,18 @@ def propose(
         model, current, gpu, avg_tokens, host, resolved=resolve(current) if resolve else None
     )
     refused: list[str] = []
+    skipped: list[str] = []
 
     def accepted(levers: dict[str, Any]) -> bool:
+        # A candidate never breaks the node layout: SGLang would refuse it, and the nodes
+        # are the allocation's (planner.nodes).
+        broken = candidate_node_problem(current, levers)
+        if broken is not None:
+            skipped.append(
+                f"A candidate lever set was skipped: {broken}; the proposal keeps "
+                f"tp_size × pp_size divisible by nnodes {share.nnodes}"
+            )
+            return False
         if validate is None:
             return True
         why = validate(levers)
@@ -254,7 +279,7 @@ def propose(
         for k in sorted(new, key=lambda k: _LEVER_ORDER.get(k, len(_LEVER_ORDER)))
         if current.get(k) != new[k]
     }
-    ranks = after.ranks
+    ranks = after.ranks_per_node  # host RAM is one node's: its ranks share it
     budget = host_cache_budget_per_rank(host, ranks, hardware.stop)
     notes = [
         LeverNote(
@@ -278,6 +303,7 @@ def propose(
         target_concurrency=target_concurrency,
         refused=refused,
     )
+    honest.extend(skipped)
     honest.extend(stop_notes(hardware, now, after, ranks))
     return Plan(
         model=model,
@@ -303,7 +329,7 @@ def stop_notes(hardware: Hardware, now: Capacity, after: Capacity, ranks: int) -
     if stop is None:
         return []
     notes = []
-    proposed = stop.cost(after.host_ram_needed_bytes)
+    proposed = stop.cost(after.host_ram_needed_bytes_per_node)
     unbounded = host_cache_budget_per_rank(hardware.host_ram_available_bytes, ranks)
     bounded = host_cache_budget_per_rank(hardware.host_ram_available_bytes, ranks, stop)
     if after.hierarchical_cache and bounded < unbounded:
@@ -315,7 +341,7 @@ def stop_notes(hardware: Hardware, now: Capacity, after: Capacity, ranks: int) -
             f"stop budget of {stop.budget_s:.0f} s ([timeouts] stop_budget_s = the unit's "
             "TimeoutStopSec); raise both for a larger host cache"
         )
-    current = stop.cost(now.host_ram_needed_bytes)
+    current = stop.cost(now.host_ram_needed_bytes_per_node)
     if now.hierarchical_cache and not current["within_stop_budget"]:
         notes.append(
             f"The current host cache pins {current['pinned_host_gib']} GiB: a stop's "

@@ -66,8 +66,8 @@ class Plan:
             "stop_cost": None
             if self.hardware.stop is None
             else {
-                "current": self.hardware.stop.cost(self.current.host_ram_needed_bytes),
-                "proposed": self.hardware.stop.cost(self.proposed.host_ram_needed_bytes),
+                "current": self.hardware.stop.cost(self.current.host_ram_needed_bytes_per_node),
+                "proposed": self.hardware.stop.cost(self.proposed.host_ram_needed_bytes_per_node),
             },
             "predicted": {
                 "kv_tokens_per_rank_delta": self.proposed.kv_tokens_per_rank
@@ -77,6 +77,20 @@ class Plan:
                 - self.current.concurrent_requests,
             },
             "reserve": dict(self.reserve),
+            # A server spanning nodes: the GPUs (and host RAM) given are one node's.
+            "nodes": self.nodes(),
+        }
+
+    def nodes(self) -> dict[str, Any]:
+        """Nodes, ranks per node and GPUs per node of the proposal (every node alike)."""
+        p = self.proposed
+        return {
+            "nnodes": p.nnodes,
+            "ranks": p.ranks,
+            "ranks_per_node": p.ranks_per_node,
+            "gpus_per_node": self.hardware.gpus,
+            "gpu_memory_bytes_per_node": self.hardware.gpus * self.hardware.gpu_memory_bytes,
+            "host_ram_needed_bytes_per_node": p.host_ram_needed_bytes_per_node,
         }
 
 
@@ -143,7 +157,8 @@ def reason(
         return (
             f"{after.host_pool_tokens_per_rank:,} host tokens per rank "
             f"({after.host_pool_tokens_per_rank / max(1, after.kv_tokens_per_rank):.1f}× the "
-            f"device pool) = {after.host_ram_needed_bytes / GB:,.0f} GB pinned over {ranks} ranks, "
+            f"device pool) = {after.host_ram_needed_bytes_per_node / GB:,.0f} GB pinned over "
+            f"{ranks} ranks{' per node' if after.nnodes > 1 else ''}, "
             f"within the {budget * ranks / GB:,.0f} GB left after SGLang's 10 GiB margin and "
             "OS headroom"
         )
