@@ -25,8 +25,10 @@ from sglang_supervisor import planner
 from sglang_supervisor.engine import PlanInputs, SupervisorView
 from sglang_supervisor.host import preflight
 from sglang_supervisor.host.backend import Backend
+from sglang_supervisor.host.gpu import GpuInfo
 from sglang_supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
 from sglang_supervisor.planner.hostpool import DevicePool, ratio_host_bytes_per_rank
+from sglang_supervisor.planner.nodes import NodeShare
 from sglang_supervisor.planner.proposal import Resolver, Validator
 from sglang_supervisor.planner.stopcost import StopBudget
 from sglang_supervisor.redact import redact
@@ -156,13 +158,30 @@ def sglang_oracle(
     return validate, resolve
 
 
+def node_gpus(managed: tuple[GpuInfo, ...]) -> tuple[list[GpuInfo], int]:
+    """One node's managed GPUs and the node count. Under the Slurm launcher the managed
+    GPUs are every node's, numbered node by node and named ``<node>/<uuid>``
+    (``sglang_supervisor.slurm.probe``): SGLang on each node sees its own node's GPUs
+    only, so a plan counts one node's — the smallest node's — not all of them as one host.
+    NVML's and the simulated GPUs' uuids carry no ``/``: one host."""
+    by_node: dict[str, list[GpuInfo]] = {}
+    for g in managed:
+        node, slash, _ = g.uuid.partition("/")
+        by_node.setdefault(node if slash else "", []).append(g)
+    if len(by_node) <= 1:
+        return list(managed), 1
+    return min(by_node.values(), key=len), len(by_node)
+
+
 def _hardware(body: PlanRequest, view: SupervisorView, model: ModelSpec | None = None) -> Hardware:
     """The GPUs and host RAM to plan for: the request's, else what the daemon manages
     (``model``: the running server's, when the plan is for it — its explicit
     ``hicache_ratio`` pool is then sized as SGLang sized it)."""
-    managed = view.managed
+    managed, nodes = node_gpus(view.managed)
     simulated = view.backend == "simulated"
     what = f"{len(managed)} simulated GPUs" if simulated else f"{len(managed)} managed GPUs"
+    if nodes > 1:
+        what += f" per node ({nodes} Slurm nodes, {len(view.managed)} in all)"
     if body.gpu_memory_gib is not None:
         gpu_bytes = int(body.gpu_memory_gib * GiB)
     elif managed:
@@ -183,10 +202,12 @@ def _hardware(body: PlanRequest, view: SupervisorView, model: ModelSpec | None =
             running = server.levers.levers
             pool = DevicePool.of(model, running, gpu_bytes) if model is not None else None
             by_ratio = ratio_host_bytes_per_rank(running, pool)
+            # This host's ranks only: each node pins its own share (planner.nodes).
+            share = NodeShare.of(running)
             freed = (
-                Layout.of(running).ranks * by_ratio
+                share.ranks_per_node * by_ratio
                 if by_ratio
-                else preflight.pinned_host_bytes(running, gpu_bytes)
+                else preflight.pinned_host_bytes(running, gpu_bytes) // share.nnodes
             )
             if freed:
                 ram += freed
