@@ -2,7 +2,9 @@
 
 Offline (no ``--url``, no ``--apply``, and ``--model`` or ``--config-json``) the plan is
 computed here from the model, ``--gpus``/``--gpu-memory`` and ``--host-ram`` (default:
-this host's available RAM), for SGLang's defaults at ``tp_size`` = the GPU count.
+this host's available RAM), for SGLang's defaults at ``tp_size`` = the GPU count; with
+``--nnodes N`` the GPUs and host RAM are one node's and ``tp_size`` = GPUs × N over N
+nodes.
 Otherwise the daemon's ``POST /plan`` computes it against the running server's levers,
 GPUs, host RAM and live load; what is given here overrides those. ``--apply`` submits
 the proposed levers as one apply operation (``POST /levers?wait=true``) and exits 0 only
@@ -55,6 +57,12 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, help="GPU count (default: the daemon's managed GPUs)")
     p.add_argument("--gpu-memory", type=float, metavar="GiB", help="memory per GPU, GiB")
     p.add_argument("--host-ram", type=float, metavar="GiB", help="available host RAM, GiB")
+    p.add_argument(
+        "--nnodes",
+        type=int,
+        metavar="N",
+        help="offline: a server spanning N nodes (--gpus and --host-ram are one node's)",
+    )
     p.add_argument("--avg-tokens", type=int, help="average KV tokens per request")
     p.add_argument("--target-concurrency", type=int, help="requests wanted running at once")
     p.add_argument(
@@ -87,7 +95,7 @@ def _read_model(args: argparse.Namespace) -> ModelSpec | None:
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
-    for name in ("gpus", "gpu_memory", "host_ram", "avg_tokens", "target_concurrency"):
+    for name in ("gpus", "gpu_memory", "host_ram", "nnodes", "avg_tokens", "target_concurrency"):
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and value > 0):
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
@@ -118,10 +126,15 @@ def plan_offline(args: argparse.Namespace, model: ModelSpec) -> Json:
         host_ram_source=ram_source,
     )
     avg = args.avg_tokens or planner.DEFAULT_AVG_TOKENS
+    nnodes = args.nnodes or 1
+    # SGLang's tp_size is the whole server's: every GPU of every node (tp×pp/nnodes per node).
+    current: Json = {"tp_size": args.gpus * nnodes}
+    if nnodes > 1:
+        current["nnodes"] = nnodes
     plan = planner.propose(
         model,
         hardware,
-        {"tp_size": args.gpus},
+        current,
         avg_tokens=avg,
         avg_tokens_source="given" if args.avg_tokens else "assumed (pass --avg-tokens)",
         target_concurrency=args.target_concurrency,
@@ -166,6 +179,11 @@ def run_plan(args: argparse.Namespace) -> int:
             plan = plan_offline(args, model)
             show(plan, render_plan, as_json=args.json)
             return EXIT_OK
+        if args.nnodes is not None:
+            raise UsageError(
+                "--nnodes is for offline planning (--model or --config-json, no --url or "
+                "--apply); the daemon plans for its own nnodes lever and its nodes' GPUs"
+            )
     except (UsageError, PlanError) as exc:
         err(str(exc))
         return EXIT_INVALID

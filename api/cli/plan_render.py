@@ -100,6 +100,7 @@ def render_plan(plan: Json) -> str:
         f"Hardware   {hw['gpus']} GPUs × {hw['gpu_memory_bytes'] / GiB:,.1f} GiB "
         f"({hw['gpu_source']}); host RAM {hw['host_ram_available_bytes'] / GiB:,.1f} GiB "
         f"({hw['host_ram_source']})",
+        *_node_lines(plan.get("nodes")),
         f"Workload   {avg:,} tokens per request ({wl['avg_tokens_source']})"
         + (f"; target {wl['target_concurrency']:,} at once" if wl["target_concurrency"] else ""),
         f"Diagnosis  {plan['diagnosis']}",
@@ -128,9 +129,9 @@ def render_plan(plan: Json) -> str:
             _num(new["host_pool_tokens_per_rank"]),
         ),
         (
-            "host RAM needed",
-            _size(cur["host_ram_needed_bytes"]),
-            _size(new["host_ram_needed_bytes"]),
+            "host RAM needed" + (" per node" if new.get("nnodes", 1) > 1 else ""),
+            _size(cur.get("host_ram_needed_bytes_per_node", cur["host_ram_needed_bytes"])),
+            _size(new.get("host_ram_needed_bytes_per_node", new["host_ram_needed_bytes"])),
         ),
         (
             "max_running_requests",
@@ -169,6 +170,19 @@ def render_plan(plan: Json) -> str:
     lines.append("Notes")
     lines += [f"  - {text}" for text in plan["notes"]]
     return "\n".join(lines)
+
+
+def _node_lines(nodes: Any) -> list[str]:
+    """The node line of a server spanning nodes (none on one host, or from a daemon
+    whose plan has no ``nodes``)."""
+    if not isinstance(nodes, dict) or (nodes.get("nnodes") or 1) <= 1:
+        return []
+    return [
+        f"Nodes      {nodes['nnodes']} nodes × {nodes['gpus_per_node']} GPUs "
+        f"({nodes['gpu_memory_bytes_per_node'] / GiB:,.0f} GiB GPU memory per node); "
+        f"{nodes['ranks_per_node']} of the {nodes['ranks']} ranks on each node; "
+        "GPUs and host RAM above are one node's"
+    ]
 
 
 def render_apply(op: Json) -> str:
