@@ -18,6 +18,7 @@ from sglang_supervisor.sglang.layout import Layout
 
 @dataclass(frozen=True)
 class Hardware:
+    #: GPUs of one host: of one node when the levers span nodes (``nnodes``; planner.nodes).
     gpus: int
     gpu_memory_bytes: int
     #: Host RAM available to a new server (what SGLang's check measures).

@@ -205,8 +205,12 @@ def propose(
     refuses is never proposed; ``resolve`` gives SGLang's own resolved values for the
     current levers (its default fraction replaces the planner's copy of the rule).
 
-    Raises ``PlanError`` when the lever set needs more GPUs than ``hardware`` has or the
-    inputs are out of range.
+    With ``nnodes`` > 1 in the levers, ``hardware`` is one node's (GPUs, host RAM) and each
+    node holds ``tp×pp/nnodes`` ranks (``planner.nodes``); a candidate that would raise
+    ``nnodes`` or break ``tp×pp % nnodes == 0`` is skipped with a note.
+
+    Raises ``PlanError`` when the lever set needs more GPUs (per node) than ``hardware``
+    has, SGLang cannot place it on its nodes, or the inputs are out of range.
     """
     if avg_tokens <= 0:
         raise PlanError(f"avg_tokens must be positive, got {avg_tokens}")
