@@ -15,7 +15,7 @@ import httpx
 from fastapi.routing import iter_route_contexts
 
 from sglang_supervisor_api.app import create_app
-from tests.helpers import Daemon, wait_until
+from tests.helpers import Daemon, serve_refusal, wait_until
 from tests.unit.fakes import make_rig
 
 ADMIN = "admin-token-for-read-token-tests"
@@ -157,48 +157,19 @@ def test_cli_with_the_read_token(daemon_factory: type[Daemon], tmp_path: Path) -
     assert d.status()["server"]["pid"] == pid and d.status()["state"] == "ready"
 
 
-def _serve(tmp: Path, config: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    cfg = tmp / "c.toml"
-    cfg.write_text(config)
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("SGLANG_SUPERVISOR_TOKEN", "SGLANG_SUPERVISOR_READ_TOKEN")
-    }
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sglang_supervisor_api.cli",
-            "serve",
-            "--simulate",
-            "--config",
-            str(cfg),
-            "--state-dir",
-            str(tmp / "s"),
-            "--port",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**base, **(env or {})},
-        check=False,
-    )
-    return out.returncode, out.stderr
-
-
 def test_unsafe_read_tokens_are_refused_at_start(tmp_path: Path) -> None:
     admin = _secret(tmp_path / "admin.token", ADMIN)
     # The same reader as the main token: group-readable is refused, naming the file.
     loose = _secret(tmp_path / "read.token", READ, mode=0o640)
-    code, err = _serve(tmp_path, f'[api]\ntoken_file = "{admin}"\nread_token_file = "{loose}"\n')
+    code, err = serve_refusal(
+        tmp_path, f'[api]\ntoken_file = "{admin}"\nread_token_file = "{loose}"\n'
+    )
     assert code == 2 and f"chmod 600 {loose}" in err and "read token file" in err, err
     # A read-only token without the main token would limit nothing.
-    code, err = _serve(tmp_path, "[api]\n", env={"SGLANG_SUPERVISOR_READ_TOKEN": READ})
+    code, err = serve_refusal(tmp_path, "[api]\n", env={"SGLANG_SUPERVISOR_READ_TOKEN": READ})
     assert code == 2 and "read-only token is set" in err and "no token" in err, err
     # Equal to the main token: which one acted could not be told apart.
-    code, err = _serve(
+    code, err = serve_refusal(
         tmp_path,
         f'[api]\ntoken_file = "{admin}"\n',
         env={"SGLANG_SUPERVISOR_READ_TOKEN": ADMIN},

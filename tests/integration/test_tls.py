@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import Daemon
+from tests.helpers import Daemon, serve_refusal
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
@@ -120,50 +120,24 @@ def socket_to(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=10)
 
 
-def _serve(tmp: Path, config: str, *args: str) -> tuple[int, str]:
-    cfg = tmp / "c.toml"
-    cfg.write_text(config)
-    env = {k: v for k, v in os.environ.items() if k != "SGLANG_SUPERVISOR_TOKEN"}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sglang_supervisor_api.cli",
-            "serve",
-            "--simulate",
-            "--config",
-            str(cfg),
-            "--state-dir",
-            str(tmp / "s"),
-            "--port",
-            "0",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
-    return out.returncode, out.stderr
-
-
 def test_tls_config_refusals(tmp_path: Path) -> None:
     cert, key = make_certificate(tmp_path)
     tls = f'[api]\nssl_certfile = "{cert}"\nssl_keyfile = "{key}"\n'
     # TLS does not replace the token: a non-loopback bind without one is still refused.
-    code, err = _serve(tmp_path, tls, "--host", "0.0.0.0")
+    code, err = serve_refusal(tmp_path, tls, "--host", "0.0.0.0")
     assert code == 2 and "refusing to listen on 0.0.0.0 without a token" in err, err
     # A private key anyone on the host can read is refused, naming the file.
     key.chmod(0o644)
-    code, err = _serve(tmp_path, tls)
+    code, err = serve_refusal(tmp_path, tls)
     assert code == 2 and f"chmod o-rwx {key}" in err, err
     key.chmod(0o600)
     # A key that is not the certificate's: one line naming both files.
     _, other_key = make_certificate(tmp_path, "other")
-    code, err = _serve(tmp_path, f'[api]\nssl_certfile = "{cert}"\nssl_keyfile = "{other_key}"\n')
+    code, err = serve_refusal(
+        tmp_path, f'[api]\nssl_certfile = "{cert}"\nssl_keyfile = "{other_key}"\n'
+    )
     assert code == 2 and str(cert) in err and str(other_key) in err, err
     assert "Traceback" not in err
     # Half a pair: the config names what is missing.
-    code, err = _serve(tmp_path, f'[api]\nssl_certfile = "{cert}"\n')
+    code, err = serve_refusal(tmp_path, f'[api]\nssl_certfile = "{cert}"\n')
     assert code == 2 and "ssl_keyfile is not" in err, err
