@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -175,3 +176,25 @@ def test_unsafe_read_tokens_are_refused_at_start(tmp_path: Path) -> None:
         env={"SGLANG_SUPERVISOR_READ_TOKEN": ADMIN},
     )
     assert code == 2 and "the same as the token" in err, err
+
+
+def test_sighup_rotates_the_read_token(daemon_factory: type[Daemon], tmp_path: Path) -> None:
+    d = _read_token_daemon(daemon_factory, tmp_path)
+    assert d.proc is not None
+
+    def status_with(token: str) -> int:
+        r = d.client.get("/status", headers={"Authorization": f"Bearer {token}"})
+        return r.status_code
+
+    assert status_with(READ) == 200
+    _secret(tmp_path / "read.token", "the-next-read-only-token")
+    d.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: status_with(READ) == 401, 20, 0.05, "the old read token refused")
+    assert status_with("the-next-read-only-token") == 200
+    assert status_with(ADMIN) == 200  # the main token did not change
+    # A read token that became unsafe is not taken: the new one stays, the log says why.
+    (tmp_path / "read.token").chmod(0o644)
+    d.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "the tokens stay as they were" in d.log(), 20, 0.05, "the refusal")
+    assert "chmod 600" in d.log()
+    assert status_with("the-next-read-only-token") == 200
