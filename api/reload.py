@@ -51,7 +51,7 @@ def reload_settings(
     try:
         token, read_token = load_tokens(new.api, running.api.host)
     except AuthConfigError as exc:
-        log.error("reload (SIGHUP): the tokens stay as they were: %s", exc)
+        log.error("reload (SIGHUP): the token stays as it was, and the read-only one too: %s", exc)
     else:
         if token != access.token or read_token != access.read_token:
             if token != access.token:
