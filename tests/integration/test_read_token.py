@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 from fastapi.routing import iter_route_contexts
 
+from sglang_supervisor.config import load_settings
 from sglang_supervisor_api.app import create_app
 from tests.helpers import Daemon, serve_refusal, wait_until
 from tests.unit.fakes import make_rig
@@ -199,3 +201,19 @@ def test_sighup_rotates_the_read_token(daemon_factory: type[Daemon], tmp_path: P
     wait_until(lambda: kept in d.log(), 20, 0.05, "the refusal")
     assert "chmod 600" in d.log()
     assert status_with("the-next-read-only-token") == 200
+
+
+def test_shipped_prometheus_config_holds_the_read_token() -> None:
+    """deploy/prometheus/prometheus.yml copies the example config's read_token_file to
+    Prometheus, never its token_file: the credential a Prometheus server keeps cannot
+    restart the GPU server."""
+    root = Path(__file__).resolve().parents[2]
+    example = load_settings(root / "deploy" / "config.example.toml", {})
+    scrape = (root / "deploy" / "prometheus" / "prometheus.yml").read_text()
+    assert example.api.read_token_file and example.api.token_file
+    assert re.findall(r"credentials_file: (\S+)", scrape) == [
+        "/etc/prometheus/sglang-supervisor-read.token"
+    ]
+    copied = re.findall(r"install .*-m 0400 (\S+) \\\n#\s+(\S+)", scrape)
+    assert copied == [(example.api.read_token_file, "/etc/prometheus/sglang-supervisor-read.token")]
+    assert example.api.token_file not in scrape
