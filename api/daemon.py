@@ -50,7 +50,7 @@ from sglang_supervisor_api.instance_lock import InstanceBusy, accept_and_close, 
 from sglang_supervisor_api.logsetup import UVICORN_LOG_CONFIG
 from sglang_supervisor_api.reload import reload_settings
 from sglang_supervisor_api.state_lock import StateDirBusy, lock_state_dir
-from sglang_supervisor_api.tls import check_tls
+from sglang_supervisor_api.tls import check_tls, reload_certificate
 
 log = logging.getLogger("supervisor")
 
@@ -349,6 +349,8 @@ async def _serve_owned(
         reload_settings(
             load_settings, settings, app.state.access, log_level_pinned=log_level is not None
         )
+        # A renewed certificate at the same paths (config.ssl: set once uvicorn loaded it).
+        reload_certificate(getattr(config, "ssl", None), settings.api)
         sdnotify.notify("READY=1")
 
     stopping = _Stopping(sup, app, server, reload)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import Daemon, serve_refusal
+from tests.helpers import Daemon, serve_refusal, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
@@ -141,3 +142,47 @@ def test_tls_config_refusals(tmp_path: Path) -> None:
     # Half a pair: the config names what is missing.
     code, err = serve_refusal(tmp_path, f'[api]\nssl_certfile = "{cert}"\n')
     assert code == 2 and "ssl_keyfile is not" in err, err
+
+
+def _presented(port: int) -> bytes:
+    """The certificate (DER) the daemon presents on a new connection."""
+    loose = ssl.create_default_context()
+    loose.check_hostname = False
+    loose.verify_mode = ssl.CERT_NONE
+    with socket_to(port) as raw, loose.wrap_socket(raw) as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def test_sighup_presents_a_renewed_certificate(
+    daemon_factory: type[Daemon], tmp_path: Path
+) -> None:
+    cert, key = make_certificate(tmp_path)
+    d = daemon_factory(extra={"api": {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}})
+    d.client.close()
+    d.client = httpx.Client(
+        base_url=f"https://127.0.0.1:{d.port}",
+        verify=ssl.create_default_context(cafile=str(cert)),
+        timeout=60,
+        trust_env=False,
+    )
+    d.start(wait_ready=False)
+    assert d.proc is not None
+    first = _presented(d.port)
+    assert first == ssl.PEM_cert_to_DER_cert(cert.read_text())
+    # Renewed in place, as certbot or a private CA's agent does.
+    renewed = tmp_path / "renewed"
+    renewed.mkdir()
+    new_cert, new_key = make_certificate(renewed)
+    new_key.replace(key)
+    new_cert.replace(cert)
+    d.proc.send_signal(signal.SIGHUP)
+    wanted = ssl.PEM_cert_to_DER_cert(cert.read_text())
+    wait_until(lambda: _presented(d.port) == wanted, 20, 0.05, "the renewed certificate")
+    # A broken renewal (a key that is not the certificate's) changes nothing.
+    _, other_key = make_certificate(renewed, "other")
+    other_key.replace(key)
+    d.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "the TLS certificate stays as it was" in d.log(), 20, 0.05, "the refusal")
+    assert _presented(d.port) == wanted
