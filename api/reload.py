@@ -3,7 +3,8 @@
 Reloaded: the bearer token (``$SGLANG_SUPERVISOR_TOKEN`` or ``[api] token_file``) and the
 read-only one (``$SGLANG_SUPERVISOR_READ_TOKEN`` or ``[api] read_token_file``),
 ``[api] metrics_public``, every ``[timeouts]`` value (each is read when next used),
-``keep_server_on_exit`` and ``log_level``. Everything else (the API address, the state
+``keep_server_on_exit`` and ``log_level`` (and the daemon re-reads the TLS certificate:
+``sglang_supervisor_api.tls.reload_certificate``). Everything else (the API address, the state
 dir, the instance, the server's GPUs, port and initial levers, the simulator) is logged
 as needing a daemon restart; a config that does not load, or an unsafe token, changes
 nothing (the error is logged and the daemon keeps its settings).
