@@ -25,6 +25,7 @@ def create_app(
     supervisor: Supervisor,
     *,
     token: str | None = None,
+    read_token: str | None = None,
     metrics_public: bool = False,
     max_body_bytes: int = 1 << 20,
     bind_host: str = "127.0.0.1",
@@ -32,8 +33,9 @@ def create_app(
 ) -> FastAPI:
     """An app serving ``supervisor`` (started and stopped by
     ``sglang_supervisor_api.daemon.serve``); with ``token`` every call but /healthz (and /metrics
-    when ``metrics_public``) needs it. ``bind_host`` and ``allowed_hosts``: the Host headers it
-    answers (sglang_supervisor_api.request_guard)."""
+    when ``metrics_public``) needs it, or ``read_token`` for the calls that change nothing
+    (``sglang_supervisor_api.auth``). ``bind_host`` and ``allowed_hosts``: the Host headers
+    it answers (sglang_supervisor_api.request_guard)."""
     app = FastAPI(
         title="sglang-supervisor",
         summary="Owns an SGLang server and changes its launch flags atomically.",
@@ -46,7 +48,7 @@ def create_app(
     )
     app.state.supervisor = supervisor
     app.state.metrics = SupervisorMetrics(supervisor)
-    app.state.access = ApiAccess(token=token, metrics_public=metrics_public)
+    app.state.access = ApiAccess(token=token, read_token=read_token, metrics_public=metrics_public)
     #: Set when the daemon stops: open event streams end (see ``close_streams``).
     app.state.closing = asyncio.Event()
     supervisor.on_operation_end.append(log_operation_end)

@@ -1,5 +1,8 @@
 """The audit log: one JSON line per mutating call (who, what, the outcome, the lever diff).
 
+Who: the socket's peer and which token it came with (``token``: ``admin``, ``read`` or
+``none``).
+
 The caller is the socket's peer address (uvicorn runs with ``proxy_headers`` off: an
 ``X-Forwarded-For`` header names nobody). Bounded, because anyone who reaches the port can
 make refused calls: every value in a record is cut to ``MAX_VALUE_CHARS`` (a 1 MB lever
@@ -29,6 +32,9 @@ MAX_ITEMS = 64
 MAX_RECORD_CHARS = 8192
 REFUSED_BURST = 20
 REFUSED_EVERY_S = 10.0
+#: Where the token guard (``sglang_supervisor_api.auth``) leaves which token a call came
+#: with: "admin", "read" or "none" (no token needed, or none that matched).
+TOKEN_SCOPE_KEY = "sglang_supervisor.token"
 
 
 def client_address(scope: Scope) -> str:
@@ -131,6 +137,7 @@ def audit(scope: Scope, action: str, **fields: Any) -> None:
         "method": scope.get("method"),
         "path": bounded(scope.get("path")),
         "action": action,
+        "token": scope.get(TOKEN_SCOPE_KEY, "none"),
         # Whatever a caller passed: secret-named values and URL credentials never land here.
         **{k: bounded(redact(v)) for k, v in fields.items()},
     }

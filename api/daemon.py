@@ -44,12 +44,13 @@ from sglang_supervisor.states import ServerState
 from sglang_supervisor_api.app import close_streams, create_app
 from sglang_supervisor_api.audit import flush_suppressed
 from sglang_supervisor_api.audit_file import _audit_to_file
-from sglang_supervisor_api.auth import AuthConfigError, check_listen, load_token
+from sglang_supervisor_api.auth import AuthConfigError, load_tokens
 from sglang_supervisor_api.daemon_signals import DaemonSignals, process_signals
 from sglang_supervisor_api.instance_lock import InstanceBusy, accept_and_close, hold_instance
 from sglang_supervisor_api.logsetup import UVICORN_LOG_CONFIG
 from sglang_supervisor_api.reload import reload_settings
 from sglang_supervisor_api.state_lock import StateDirBusy, lock_state_dir
+from sglang_supervisor_api.tls import check_tls, reload_certificate
 
 log = logging.getLogger("supervisor")
 
@@ -233,7 +234,7 @@ async def serve(
 ) -> int:
     """Run the API and the supervisor until SIGTERM/SIGINT.
 
-    In order: the token check, the state-dir lock, the instance (host-wide: exit 2
+    In order: the token and TLS checks, the state-dir lock, the instance (host-wide: exit 2
     naming the daemon that owns it, before any process is touched), the API socket (so
     a second daemon fails before touching anything), then serving, with the supervisor's
     start beside it (mutating calls answer 503 until it has read the state, schema and
@@ -247,8 +248,8 @@ async def serve(
         signals = process_signals()
         signals.install()
     try:
-        token = load_token(settings.api.token_file)
-        check_listen(settings.api.host, token)
+        token, read_token = load_tokens(settings.api, settings.api.host)
+        check_tls(settings.api)
         read_api_key(settings.router)  # an unreadable router key file stops us here
         if settings.server.launcher == "slurm":  # NotInAllocation is a RuntimeError
             require_allocation(settings.slurm.scontrol)
@@ -276,7 +277,9 @@ async def serve(
     loop = asyncio.get_running_loop()
     loop.add_reader(owned.fileno(), accept_and_close, owned)
     try:
-        return await _serve_owned(settings, token, log_level, signals, load_settings)
+        return await _serve_owned(
+            settings, token, log_level, signals, load_settings, read_token=read_token
+        )
     finally:
         loop.remove_reader(owned.fileno())
         owned.close()
@@ -288,6 +291,8 @@ async def _serve_owned(
     log_level: str | None,
     signals: DaemonSignals,
     load_settings: Callable[[], Settings] | None,
+    *,
+    read_token: str | None = None,
 ) -> int:
     """``serve`` once the state dir and the instance are this process's."""
     audit_writer = _audit_to_file(settings)
@@ -297,6 +302,7 @@ async def _serve_owned(
     app = create_app(
         sup,
         token=token,
+        read_token=read_token,
         metrics_public=settings.api.metrics_public,
         max_body_bytes=settings.api.max_request_bytes,
         bind_host=settings.api.host,
@@ -314,6 +320,9 @@ async def _serve_owned(
         access_log=False,
         # uvicorn's lines go through sglang_supervisor_api.logsetup's handler
         log_config=UVICORN_LOG_CONFIG,
+        # TLS by uvicorn itself ([api] ssl_*; None: plain HTTP), checked by check_tls.
+        ssl_certfile=settings.api.ssl_certfile,
+        ssl_keyfile=settings.api.ssl_keyfile,
     )
     try:
         sock = listen_socket(config)
@@ -340,6 +349,8 @@ async def _serve_owned(
         reload_settings(
             load_settings, settings, app.state.access, log_level_pinned=log_level is not None
         )
+        # A renewed certificate at the same paths (config.ssl: set once uvicorn loaded it).
+        reload_certificate(getattr(config, "ssl", None), settings.api)
         sdnotify.notify("READY=1")
 
     stopping = _Stopping(sup, app, server, reload)

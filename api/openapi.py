@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from sglang_supervisor_api.auth import PUBLIC_PATHS
+from sglang_supervisor_api.auth import PUBLIC_PATHS, read_only_allows
 
 API_DESCRIPTION = """\
 Owns one SGLang server and changes its launch flags ("levers") atomically: validate,
@@ -22,9 +22,11 @@ last-good levers.
 
 Every call but `/healthz`, `/readyz`, the status page (`/`), `/docs` and this document
 needs `Authorization: Bearer <token>` when the daemon has a token (and `/metrics` unless
-`[api] metrics_public`). Errors are `{"detail": {"message": ..., "problems": [...],
-"operation": ...}}`. A 409 carries `Retry-After`. Operations answer in one envelope,
-`{"operation": {...}}`: 202 while running, 200 once ended (`?wait=true`, dry runs).
+`[api] metrics_public`); the read-only token (`[api] read_token_file`) opens every GET and
+`POST /plan`, and gets 403 on every other call. Errors are
+`{"detail": {"message": ..., "problems": [...], "operation": ...}}`. A 409 carries
+`Retry-After`. Operations answer in one envelope, `{"operation": {...}}`: 202 while
+running, 200 once ended (`?wait=true`, dry runs).
 
 Every POST needs `Content-Type: application/json` (also without a body): 415 otherwise.
 A `Host` that does not name the daemon is refused with 421, a POST from a web page of
@@ -68,7 +70,9 @@ def build_openapi(app: FastAPI, version: str) -> dict[str, Any]:
     components.setdefault("securitySchemes", {})["bearer"] = {
         "type": "http",
         "scheme": "bearer",
-        "description": "The daemon's token: $SGLANG_SUPERVISOR_TOKEN or [api] token_file",
+        "description": "The daemon's token: $SGLANG_SUPERVISOR_TOKEN or [api] token_file; "
+        "or the read-only one ($SGLANG_SUPERVISOR_READ_TOKEN or [api] read_token_file) for "
+        "every GET and POST /plan (403 on every other call)",
     }
     schemas = components.setdefault("schemas", {})
     for path, item in doc.get("paths", {}).items():
@@ -84,7 +88,10 @@ def build_openapi(app: FastAPI, version: str) -> dict[str, Any]:
             # What sglang_supervisor_api.request_guard refuses before any route runs.
             responses.setdefault("421", _problem("the Host header does not name this daemon"))
             if method == "post":
-                responses.setdefault("403", _problem("a web page of another origin"))
+                refused = "a web page of another origin"
+                if not read_only_allows("POST", path):
+                    refused += ", or the read-only token (it can only read)"
+                responses.setdefault("403", _problem(refused))
                 responses.setdefault("415", _problem("Content-Type is not application/json"))
             # Errors are JSON whatever the route's own media type (text for /logs...).
             for code, answer in responses.items():

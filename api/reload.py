@@ -1,8 +1,10 @@
 """SIGHUP: re-read the config and apply what can change without touching the server.
 
-Reloaded: the bearer token (``$SGLANG_SUPERVISOR_TOKEN`` or ``[api] token_file``),
+Reloaded: the bearer token (``$SGLANG_SUPERVISOR_TOKEN`` or ``[api] token_file``) and the
+read-only one (``$SGLANG_SUPERVISOR_READ_TOKEN`` or ``[api] read_token_file``),
 ``[api] metrics_public``, every ``[timeouts]`` value (each is read when next used),
-``keep_server_on_exit`` and ``log_level``. Everything else (the API address, the state
+``keep_server_on_exit`` and ``log_level`` (and the daemon re-reads the TLS certificate:
+``sglang_supervisor_api.tls.reload_certificate``). Everything else (the API address, the state
 dir, the instance, the server's GPUs, port and initial levers, the simulator) is logged
 as needing a daemon restart; a config that does not load, or an unsafe token, changes
 nothing (the error is logged and the daemon keeps its settings).
@@ -14,7 +16,7 @@ import logging
 from collections.abc import Callable
 
 from sglang_supervisor.config import Settings
-from sglang_supervisor_api.auth import ApiAccess, AuthConfigError, check_listen, load_token
+from sglang_supervisor_api.auth import ApiAccess, AuthConfigError, load_tokens
 
 log = logging.getLogger("supervisor")
 
@@ -29,7 +31,7 @@ RESTART_ONLY = (
     "sim",
     "router",
 )
-RESTART_ONLY_API = ("max_request_bytes", "allowed_hosts")
+RESTART_ONLY_API = ("max_request_bytes", "allowed_hosts", "ssl_certfile", "ssl_keyfile")
 
 
 def reload_settings(
@@ -48,15 +50,20 @@ def reload_settings(
         return []
     changed: list[str] = []
     try:
-        token = load_token(new.api.token_file)
-        check_listen(running.api.host, token)
+        token, read_token = load_tokens(new.api, running.api.host)
     except AuthConfigError as exc:
-        log.error("reload (SIGHUP): the token stays as it was: %s", exc)
+        log.error("reload (SIGHUP): the token stays as it was, and the read-only one too: %s", exc)
     else:
-        if token != access.token:
-            access.rotate(token)  # streams opened with the old token are closed
-            changed.append("the API token" if token is not None else "the API token (removed)")
+        if token != access.token or read_token != access.read_token:
+            if token != access.token:
+                changed.append("the API token" if token else "the API token (removed)")
+            if read_token != access.read_token:
+                changed.append(
+                    "the read-only token" if read_token else "the read-only token (removed)"
+                )
+            access.rotate(token, read_token)  # open streams are closed
         running.api.token_file = new.api.token_file
+        running.api.read_token_file = new.api.read_token_file
     if new.api.metrics_public != access.metrics_public:
         access.metrics_public = running.api.metrics_public = new.api.metrics_public
         changed.append(f"api.metrics_public = {new.api.metrics_public}")

@@ -47,16 +47,17 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 echo "== promtool check config deploy/prometheus/prometheus.yml"
-# The scrape job reads the bearer token from /etc/prometheus/sglang-supervisor.token, which
-# promtool requires to exist: check a copy that points at a placeholder token instead.
+# The scrape job reads the daemon's read-only token from
+# /etc/prometheus/sglang-supervisor-read.token, which promtool requires to exist: check a
+# copy that points at a placeholder token instead.
 mkdir "$tmp/prometheus"
 cp deploy/prometheus/alerts.yml "$tmp/prometheus/"
 printf 'placeholder-token\n' >"$tmp/prometheus/token"
-sed "s#credentials_file: /etc/prometheus/sglang-supervisor.token#credentials_file: $tmp/prometheus/token#" \
+sed "s#credentials_file: /etc/prometheus/sglang-supervisor-read.token#credentials_file: $tmp/prometheus/token#" \
   deploy/prometheus/prometheus.yml >"$tmp/prometheus/prometheus.yml"
 grep -q "credentials_file: $tmp/prometheus/token" "$tmp/prometheus/prometheus.yml" || {
-  echo "check-deploy: prometheus.yml no longer names /etc/prometheus/sglang-supervisor.token;" \
-    "update this script" >&2
+  echo "check-deploy: prometheus.yml no longer names" \
+    "/etc/prometheus/sglang-supervisor-read.token; update this script" >&2
   exit 1
 }
 promtool check config "$tmp/prometheus/prometheus.yml"

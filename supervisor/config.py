@@ -48,14 +48,34 @@ class ApiSettings(_Section):
     port: int = Field(8470, ge=0, le=65535)
     #: File holding the bearer token (mode 600); $SGLANG_SUPERVISOR_TOKEN takes precedence.
     token_file: str | None = None
+    #: File holding a second bearer token that can only read (mode 600);
+    #: $SGLANG_SUPERVISOR_READ_TOKEN takes precedence. For Prometheus and dashboards.
+    read_token_file: str | None = None
     #: Serve /metrics without the token (for a Prometheus that cannot send one).
     metrics_public: bool = False
+    #: Serve the API over TLS (uvicorn's own): the certificate chain (PEM) and its key.
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
     #: Larger request bodies are refused with 413.
     max_request_bytes: int = Field(1 << 20, ge=1024)
     #: Host header names (``name`` or ``name:port``) the API answers besides loopback, the
     #: bound address and this host's name: e.g. the name a reverse proxy forwards. ``"*"``
     #: turns the check off (then only the token keeps DNS-rebound pages out).
     allowed_hosts: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ApiSettings:
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            given, other = (
+                ("ssl_certfile", "ssl_keyfile")
+                if self.ssl_keyfile is None
+                else ("ssl_keyfile", "ssl_certfile")
+            )
+            raise ValueError(
+                f"[api] {given} is set but {other} is not: TLS needs both the certificate "
+                "and its private key (PEM files); set both, or neither for plain HTTP"
+            )
+        return self
 
 
 class ServerSettings(_Section):

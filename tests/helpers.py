@@ -264,3 +264,46 @@ class Daemon:
                     f"daemon ignored SIGTERM for {timeout}s:\n{self.log()}"
                 ) from None
         return self.proc.returncode
+
+
+def serve_refusal(
+    tmp: Path, config: str, *args: str, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """``serve`` with ``config``, expected to refuse at once: (exit code, stderr). One that
+    starts anyway is stopped (SIGTERM: the daemon stops its server) and reported as -1."""
+    cfg = tmp / "c.toml"
+    cfg.write_text(config)
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SGLANG_SUPERVISOR_TOKEN", "SGLANG_SUPERVISOR_READ_TOKEN")
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sglang_supervisor_api.cli",
+            "serve",
+            "--simulate",
+            "--config",
+            str(cfg),
+            "--state-dir",
+            str(tmp / "s"),
+            "--port",
+            "0",
+            "--server-port",
+            str(free_port()),
+            *args,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**base, **(env or {})},
+    )
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+        return -1, f"the daemon started instead of refusing:\n{err}"
+    return proc.returncode, err

@@ -28,6 +28,7 @@ from sglang_supervisor_api.cli.client_errors import (
     Unauthorized,
     Unreachable,
 )
+from sglang_supervisor_api.cli.tls import tls_failure, trust
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 URL_ENV = "SGLANG_SUPERVISOR_URL"
@@ -103,11 +104,13 @@ class Client:
         url: str = DEFAULT_URL,
         *,
         token: str | None = None,
+        cacert: Path | None = None,
         timeout_s: float = 30.0,
         connect_timeout_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = normalize_url(url)
+        self._cacert = cacert
         self.timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._abandoned = False
@@ -125,6 +128,8 @@ class Client:
                 timeout=self._timeout,
                 trust_env=False,
                 transport=transport,
+                # https: the daemon's certificate checked against --cacert (or the system's)
+                verify=trust(cacert) if self.url.startswith("https:") else True,
             )
         except (httpx.InvalidURL, ValueError) as exc:
             raise Unreachable(f"invalid daemon URL {url!r}: {exc}") from exc
@@ -147,6 +152,7 @@ class Client:
         return Client(
             self.url,
             token=self._token,
+            cacert=self._cacert,
             timeout_s=self.timeout_s,
             connect_timeout_s=self._connect_timeout_s,
         )
@@ -155,6 +161,13 @@ class Client:
 
     def transport_error(self, exc: Exception) -> ClientError:
         """The ``ClientError`` for an httpx transport failure (never raises)."""
+        if (tls := tls_failure(exc, self.url)) is not None:
+            return Unreachable(tls)
+        if isinstance(exc, httpx.RemoteProtocolError) and self.url.startswith("http:"):
+            return Unreachable(
+                f"the daemon at {self.url} closed the connection without answering "
+                f"({_reason(exc)}); if it serves TLS ([api] ssl_certfile), use an https:// URL"
+            )
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
             return Unreachable(
                 f"cannot reach the daemon at {self.url} ({_reason(exc)}); is it running? "
@@ -163,7 +176,9 @@ class Client:
         if isinstance(exc, httpx.TimeoutException):
             return ClientError(f"the daemon at {self.url} did not answer in time ({_reason(exc)})")
         if isinstance(exc, httpx.UnsupportedProtocol):
-            return Unreachable(f"invalid daemon URL {self.url!r}: use http://HOST:PORT")
+            return Unreachable(
+                f"invalid daemon URL {self.url!r}: use http://HOST:PORT or https://HOST:PORT"
+            )
         return Unreachable(f"talking to the daemon at {self.url} failed: {_reason(exc)}")
 
     def raise_for_status(self, r: httpx.Response) -> None:
@@ -188,7 +203,9 @@ class Client:
         elif r.status_code in (401, 403):
             cls = Unauthorized
             hint = (
-                "the daemon refused the token"
+                "the daemon refused this call for this token"
+                if self._token and r.status_code == 403  # the read-only token
+                else "the daemon refused the token"
                 if self._token
                 else "the daemon wants a token: pass --token or --token-file, "
                 "or set $SGLANG_SUPERVISOR_TOKEN"

@@ -6,10 +6,11 @@ import argparse
 from pathlib import Path
 
 from sglang_supervisor_api.cli.client import Client, resolve_token, resolve_url
+from sglang_supervisor_api.cli.tls import resolve_cacert
 
 
 def add_client_options(p: argparse.ArgumentParser) -> None:
-    """``--url``, ``--token``, ``--token-file``, ``--json``."""
+    """``--url``, ``--token``, ``--token-file``, ``--cacert``, ``--json``."""
     g = p.add_argument_group("daemon")
     g.add_argument(
         "--url",
@@ -17,6 +18,13 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--token", help="bearer token (default $SGLANG_SUPERVISOR_TOKEN)")
     g.add_argument("--token-file", type=Path, help="read the bearer token from this file")
+    g.add_argument(
+        "--cacert",
+        type=Path,
+        metavar="PATH",
+        help="with an https URL: trust this PEM certificate (the daemon's, or its CA's) "
+        "(default $SGLANG_SUPERVISOR_CACERT, else the system's CAs)",
+    )
     g.add_argument(
         "--json", action="store_true", help="print the daemon's JSON (nothing else on stdout)"
     )
@@ -36,6 +44,8 @@ def add_follow_options(p: argparse.ArgumentParser) -> None:
 
 
 def client_from_args(args: argparse.Namespace) -> Client:
-    """A ``Client`` for ``--url``/``--token``/``--token-file``. Raises ``ClientError``."""
+    """A ``Client`` for ``--url``/``--token``/``--token-file``/``--cacert``. Raises
+    ``ClientError``."""
     token = resolve_token(args.token, getattr(args, "token_file", None))
-    return Client(resolve_url(args.url), token=token)
+    cacert = resolve_cacert(getattr(args, "cacert", None))
+    return Client(resolve_url(args.url), token=token, cacert=cacert)

@@ -38,6 +38,7 @@ from sglang_supervisor_api.cli.follow import OperationFollower
 from sglang_supervisor_api.cli.levers_input import lever_changes_from_args
 from sglang_supervisor_api.cli.output import err, out, print_json
 from sglang_supervisor_api.cli.text import duration
+from sglang_supervisor_api.cli.tls import resolve_cacert
 
 
 @dataclass
@@ -66,6 +67,12 @@ def add_rollout_parser(sub: Any) -> None:
     p.add_argument("--fleet", type=Path, help="a TOML file listing the daemons (see above)")
     p.add_argument("--token", help="bearer token (default $SGLANG_SUPERVISOR_TOKEN)")
     p.add_argument("--token-file", type=Path, help="read the bearer token from this file")
+    p.add_argument(
+        "--cacert",
+        type=Path,
+        metavar="PATH",
+        help="trust this PEM certificate for https daemons (default $SGLANG_SUPERVISOR_CACERT)",
+    )
     p.add_argument("--json", action="store_true", help="print the replicas' outcomes as JSON")
     p.add_argument(
         "--poll", action="store_true", help="follow by polling instead of the event stream"
@@ -119,7 +126,12 @@ def run_rollout(args: argparse.Namespace) -> int:
         err(str(exc))
         return EXIT_INVALID if isinstance(exc, UsageError) else EXIT_ERROR
     replicas = [Replica(u) for u in urls]
-    clients = [Client(u, token=token) for u in urls]
+    cacert = resolve_cacert(args.cacert)
+    try:
+        clients = [Client(u, token=token, cacert=cacert) for u in urls]
+    except ClientError as exc:
+        err(str(exc))
+        return EXIT_ERROR
     try:
         code = _validate_all(args, clients, replicas, levers, env)
         if code == EXIT_OK:
