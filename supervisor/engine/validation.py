@@ -121,6 +121,8 @@ async def check_sglang(sup: Supervisor) -> None:
             sup.settings.server.cwd,
         )
     except ParserUnavailable as exc:
+        if sup.stop_request.requested:
+            return  # the daemon closes and its helpers with it: not a degraded SGLang
         sup.sglang = sup.sglang.degraded(f"SGLang's resolution helper failed: {exc}")
     else:
         sup.sglang = after_helper(sup.sglang, said)
