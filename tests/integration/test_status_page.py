@@ -170,7 +170,9 @@ def test_status_page_through_an_apply_and_a_rollback(
             15,
             "GET /status from the docs page",
         )
-        assert '"state": "ready"' in docs.text("#op-get-status [data-result]")
+        assert '"state": "ready"' in docs.text("#op-get-status [data-result]"), docs.text(
+            "#op-get-status"
+        )
         assert p.exceptions() == [] and docs.exceptions() == []
     finally:
         browser.close()
