@@ -41,7 +41,7 @@ if missing or tops != {"sglang_supervisor", "sglang_supervisor_api"}:
 print(f"   {sys.argv[1].rsplit('/', 1)[-1]}: {len(names)} files")
 EOF
 rm -rf "$dist_dir"
-echo "== deploy assets (promtool, systemd-analyze)"
+echo "== deploy assets (promtool, amtool, systemd-analyze, kubectl, kubernetes-validate)"
 bash scripts/check-deploy.sh
 echo "== chromium (the status page's browser test)"
 # Debian's chromium drives tests/integration/test_status_page.py; installed when missing
