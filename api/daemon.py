@@ -49,6 +49,7 @@ from sglang_supervisor_api.daemon_signals import DaemonSignals, process_signals
 from sglang_supervisor_api.instance_lock import InstanceBusy, accept_and_close, hold_instance
 from sglang_supervisor_api.logsetup import UVICORN_LOG_CONFIG
 from sglang_supervisor_api.reload import reload_settings
+from sglang_supervisor_api.server_journal import server_log_forwarder
 from sglang_supervisor_api.state_lock import StateDirBusy, lock_state_dir
 from sglang_supervisor_api.tls import check_tls, reload_certificate
 
@@ -355,6 +356,7 @@ async def _serve_owned(
 
     stopping = _Stopping(sup, app, server, reload)
     signals.attach(asyncio.get_running_loop(), stopping.on_signal)
+    journal = server_log_forwarder(settings, sup)  # [server] log_to_journal
     try:
         # The API answers from the first instant (/healthz, /status saying what is still
         # loading, 503 + Retry-After for mutating calls) while start-up reads the state,
@@ -379,6 +381,8 @@ async def _serve_owned(
     finally:
         keep = keep_server_on_exit(settings)
         released = await sup.shutdown(keep_server=keep)
+        if journal is not None:  # the server's last lines (its drain, its exit) too
+            await journal.stop()
         if not keep:
             # What the supervisor had not adopted yet when a stop came during start-up.
             released = await _stop_leftovers(settings, sup) and released

@@ -6,11 +6,13 @@
 #                           and the incident scenarios page once, or not at all)
 #   amtool check-config     deploy/prometheus/alertmanager.example.yml (routing, inhibitions)
 #   systemd-analyze verify  systemd/sglang-supervisor.service, with and without the drop-in
+#   kubectl, kubernetes-validate  deploy/container/pod.yaml (parsed offline; Kubernetes'
+#                           schemas, strict). The Containerfile: tests/unit/test_container_assets.py
 # That every metric the alerts and the dashboard use is one the daemon exports is checked
 # by tests/integration/test_deploy.py (it needs a running daemon).
 #
 # promtool comes from Debian's `prometheus` package, amtool from `prometheus-alertmanager`,
-# systemd-analyze from `systemd`. When
+# systemd-analyze from `systemd`, kubectl from `kubernetes-client`. When
 # one is missing the script installs it with apt-get if it runs as root, fails under CI=true
 # otherwise, and skips (exit 0, saying so) for a developer without root. Note: on a host
 # booted with systemd, installing Debian's prometheus package also starts a Prometheus
@@ -24,6 +26,7 @@ missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v amtool >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "== installing ${missing[*]} (apt-get)"
@@ -142,6 +145,29 @@ sed -i 's/^KillMode=mixed$/KillMode=bogus/' "$tmp/broken/sglang-supervisor.servi
 if verify "$tmp/broken" 2>/dev/null; then
   echo "check-deploy: systemd-analyze verify accepted KillMode=bogus: the unit check" \
     "is not checking anything" >&2
+  exit 1
+fi
+
+echo "== deploy/container/pod.yaml: kubectl (parse, offline) and kubernetes-validate (schema)"
+# kubectl's client-side dry runs (create/apply --dry-run=client) still ask an API server
+# for its resource list; `label --local` reads every document offline through kubectl's
+# own decoder (a YAML or kind/apiVersion error fails it) and prints each object's name.
+# Its checks are shallow: the schema check is kubernetes-validate's (PyPI, Kubernetes'
+# OpenAPI schemas bundled: --strict also refuses unknown fields, a misspelt probe key).
+kubectl label --local -f deploy/container/pod.yaml checked=yes -o name
+kvalidate=.venv/bin/kubernetes-validate
+[ -x "$kvalidate" ] || kvalidate=$(command -v kubernetes-validate || true)
+if [ -z "$kvalidate" ]; then
+  echo "check-deploy: FAILED: kubernetes-validate missing (pip install -e '.[test]')" >&2
+  exit 1
+fi
+"$kvalidate" --strict deploy/container/pod.yaml
+# ... and must be able to fail: a misspelt field and a string port are refused.
+sed 's/^        periodSeconds: 5$/        periodSecond: 5/; s/containerPort: 8470/containerPort: "8470"/' \
+  deploy/container/pod.yaml >"$tmp/pod-broken.yaml"
+if "$kvalidate" --strict --quiet "$tmp/pod-broken.yaml" >/dev/null 2>&1; then
+  echo "check-deploy: kubernetes-validate accepted a misspelt probe field and a string" \
+    "port: the pod check is not checking anything" >&2
   exit 1
 fi
 

@@ -17,7 +17,31 @@ echo "== ruff"
 .venv/bin/ruff format --check .
 echo "== mypy"
 .venv/bin/mypy
-echo "== deploy assets (promtool, systemd-analyze)"
+echo "== sdist and wheel (python -m build, twine check)"
+# What the README's install recipe does (the package is not on PyPI): a build that breaks
+# (a missing package in pyproject.toml's list, a README PyPI cannot render) fails here.
+dist_dir=$(mktemp -d /tmp/sgsup-dist.XXXXXX)
+.venv/bin/python -m build --outdir "$dist_dir/dist" . >"$dist_dir/build.log" 2>&1 || {
+  tail -n 40 "$dist_dir/build.log" >&2
+  exit 1
+}
+.venv/bin/twine check --strict "$dist_dir"/dist/*
+# The wheel is what a host installs: it must carry the data files and the page, and no
+# top-level package but the two (a stray 'supervisor' would shadow PyPI's Supervisord).
+.venv/bin/python - "$dist_dir"/dist/*.whl <<'EOF'
+import sys
+import zipfile
+
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+need = ["sglang_supervisor/data/sglang-0.5.23.json", "sglang_supervisor_api/static/status.html"]
+missing = [n for n in need if n not in names]
+tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+if missing or tops != {"sglang_supervisor", "sglang_supervisor_api"}:
+    sys.exit(f"wheel {sys.argv[1]}: missing {missing}; top-level entries {sorted(tops)}")
+print(f"   {sys.argv[1].rsplit('/', 1)[-1]}: {len(names)} files")
+EOF
+rm -rf "$dist_dir"
+echo "== deploy assets (promtool, amtool, systemd-analyze, kubectl, kubernetes-validate)"
 bash scripts/check-deploy.sh
 echo "== chromium (the status page's browser test)"
 # Debian's chromium drives tests/integration/test_status_page.py; installed when missing

@@ -98,6 +98,9 @@ class ServerSettings(_Section):
     log_keep_launches: int = Field(10, ge=1)
     #: A launch's log larger than this is copied to <name>.1 and truncated.
     log_max_mib: int = Field(64, ge=1)
+    #: Also forward every line of the server's log into the daemon's own log (the
+    #: journal under systemd), as logger ``sglang``: bounded, redacted (observe/logforward).
+    log_to_journal: bool = False
 
 
 class TimeoutSettings(_Section):

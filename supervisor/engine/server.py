@@ -28,6 +28,7 @@ from sglang_supervisor.observe import serverlogs
 from sglang_supervisor.observe.telemetry import tail_lines
 from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation, wall_iso
 from sglang_supervisor.phases import PhaseName
+from sglang_supervisor.sglang.accesslog import probe_log_flags
 from sglang_supervisor.sglang.levers import LeverSet, render_argv
 from sglang_supervisor.states import ServerState
 
@@ -98,7 +99,8 @@ def flags(sup: Supervisor, levers: LeverSet) -> list[str]:
 def launch_flags(levers: LeverSet, schema: FlagSchema, server: ServerSettings) -> list[str]:
     """``flags`` from its parts (no ``Supervisor``: safe in a worker thread)."""
     owned = ["--host", server.host, "--port", str(server.port), "--enable-metrics"]
-    return [*render_argv(levers, schema), *owned]
+    # The daemon's probes stay out of SGLang's access log unless the levers say otherwise.
+    return [*render_argv(levers, schema), *probe_log_flags(levers.levers, schema), *owned]
 
 
 def server_env(sup: Supervisor, levers: LeverSet) -> dict[str, str]:

@@ -65,11 +65,15 @@ class HttpServer(ThreadingHTTPServer):
     block_on_close = False
     request_queue_size = BACKLOG
 
-    def __init__(self, address: tuple[str, int], app: App) -> None:
+    def __init__(
+        self, address: tuple[str, int], app: App, access_log_exclude: tuple[str, ...] = ()
+    ) -> None:
         host = address[0]
         if ":" in host:
             self.address_family = socket.AF_INET6
         self.app = app
+        #: ``--uvicorn-access-log-exclude-prefixes``: no access line for these paths.
+        self.access_log_exclude = tuple(p for p in access_log_exclude if p)
         super().__init__(address, _Handler)
 
     def server_bind(self) -> None:
@@ -92,6 +96,11 @@ class _Handler(BaseHTTPRequestHandler):
         log(f"INFO:     {self.client_address[0]} - {format % args}")
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        # One access line per request, as uvicorn writes it; SGLang's path filter
+        # (UvicornAccessLogFilter) drops the lines of excluded path prefixes.
+        parts = self.requestline.split()
+        if len(parts) >= 2 and parts[1].startswith(self.server.access_log_exclude):
+            return
         try:
             phrase = HTTPStatus(int(code)).phrase
         except ValueError:

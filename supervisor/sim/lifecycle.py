@@ -160,7 +160,11 @@ class Launcher:
         """Serve until SIGTERM/SIGINT (exit 0) or a failure (exit 1)."""
         self._install_signals()
         try:
-            self._http = HttpServer((self.cfg.host, self.cfg.port), self)
+            self._http = HttpServer(
+                (self.cfg.host, self.cfg.port),
+                self,
+                tuple(self.cfg.args.get("uvicorn_access_log_exclude_prefixes") or ()),
+            )
         except OSError as exc:
             log(
                 f"ERROR: cannot bind the HTTP server to {self.cfg.host}:{self.cfg.port}: "

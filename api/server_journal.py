@@ -1,0 +1,45 @@
+"""``[server] log_to_journal``: the daemon forwards its server's log into its own log.
+
+The forwarding itself (bounded, in a worker thread, redacted) is
+``sglang_supervisor.observe.logforward``; this module tells it which file to follow — the
+launch log of the server the supervisor has now — and which values are secret there.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sglang_supervisor.config import Settings
+from sglang_supervisor.engine import Supervisor
+from sglang_supervisor.observe.logforward import LogForwarder, Source
+from sglang_supervisor.redact import is_secret_env, is_secret_name
+
+
+def secret_values(levers: dict[str, object], env: dict[str, str]) -> tuple[str, ...]:
+    """The secret lever and environment values the server has: its levers' and env's,
+    and the daemon's own environment's (``HF_TOKEN`` from the unit's environment file)."""
+    found = {str(v) for k, v in levers.items() if is_secret_name(k) and v}
+    found |= {v for k, v in env.items() if is_secret_env(k) and v}
+    found |= {v for k, v in os.environ.items() if is_secret_env(k) and v}
+    # Longest first: a secret that contains another is hidden whole.
+    return tuple(sorted(found, key=len, reverse=True))
+
+
+def server_log_forwarder(settings: Settings, sup: Supervisor) -> LogForwarder | None:
+    """A started forwarder when ``[server] log_to_journal`` is on; None otherwise."""
+    if not settings.server.log_to_journal:
+        return None
+
+    def source() -> Source | None:
+        server = sup.view().server
+        if server is None:
+            return None
+        return Source(
+            server.log_path,
+            server.pid,
+            secret_values(dict(server.levers.levers), dict(server.levers.env)),
+        )
+
+    forwarder = LogForwarder(source)
+    forwarder.start()
+    return forwarder

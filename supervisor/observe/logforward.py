@@ -1,0 +1,186 @@
+"""The server's log, forwarded line by line into the daemon's own log (the journal).
+
+``[server] log_to_journal = true``: besides its launch log file (``serverlogs``), every
+line the server writes is logged by the daemon under the logger ``sglang`` with the
+server's pid — ``INFO sglang: [pid 4242] [2026-12-01 10:00:00] Prefill batch. ...`` —
+so ``journalctl -u sglang-supervisor`` shows both (``-p warning``: SGLang's warnings and
+errors, which keep their level).
+
+The server still writes only into its file (never a pipe that could block it): this
+follows the file from a worker thread, as ``tail -F`` would — a new launch's log from its
+first line, a file truncated by the size bound from its new start. Bounded: at most
+``MAX_LINES_PER_S`` lines a second (a burst of one second's worth; what is over is
+counted and said in one line naming the file that has them), ``MAX_LINE_CHARS`` per line,
+``MAX_READ_BYTES`` read per poll. Secrets are replaced by ``<redacted>`` as everywhere
+else (``redact.py``): URL passwords and secret query values, and the literal values of
+the secret levers and environment variables the server was given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sglang_supervisor.redact import REDACTED, redact_text
+
+log = logging.getLogger("sglang")
+
+POLL_S = 0.5
+MAX_LINES_PER_S = 200
+MAX_LINE_CHARS = 4000
+MAX_READ_BYTES = 1 << 20
+#: A secret shorter than this is not searched for in the text (it would hide "1" or "on").
+MIN_SECRET_CHARS = 6
+_LEVEL = re.compile(r"\b(CRITICAL|ERROR|WARNING|Traceback)\b")
+_LEVELS = {
+    "CRITICAL": logging.CRITICAL,
+    "ERROR": logging.ERROR,
+    "Traceback": logging.ERROR,
+    "WARNING": logging.WARNING,
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """The log being followed and what must not be forwarded from it."""
+
+    path: Path
+    pid: int
+    secrets: tuple[str, ...]
+
+
+def line_level(line: str) -> int:
+    """SGLang's level of a line (``[time] WARNING ...``, uvicorn's ``ERROR:``); INFO else."""
+    m = _LEVEL.search(line[:200])
+    return _LEVELS[m.group(1)] if m else logging.INFO
+
+
+def scrub(line: str, secrets: Iterable[str]) -> str:
+    for secret in secrets:
+        if len(secret) >= MIN_SECRET_CHARS and secret in line:
+            line = line.replace(secret, REDACTED)
+    return redact_text(line)
+
+
+class LogForwarder:
+    """Follows the current server's log; ``run`` until cancelled, ``stop`` flushes."""
+
+    def __init__(
+        self,
+        source: Callable[[], Source | None],
+        *,
+        poll_s: float = POLL_S,
+        max_lines_per_s: int = MAX_LINES_PER_S,
+    ) -> None:
+        self._source = source
+        self._poll_s = poll_s
+        self._rate = max_lines_per_s
+        self._path: Path | None = None
+        self._offset = 0
+        self._partial = b""
+        self._tokens = float(max_lines_per_s)
+        self._refilled = time.monotonic()
+        self._dropped = 0
+        self._task: asyncio.Task[None] | None = None
+        self._started = False
+        self._last: Source | None = None
+
+    def start(self) -> None:
+        """Start following in the background (the event loop must be running)."""
+        self._task = asyncio.create_task(self.run(), name="log-forwarder")
+
+    async def stop(self) -> None:
+        """Stop following, after forwarding what the server wrote until now."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await asyncio.to_thread(self.poll, self._source())
+
+    async def run(self) -> None:
+        while True:
+            # The source is read on the loop (the supervisor's view), the file in a thread.
+            await asyncio.to_thread(self.poll, self._source())
+            await asyncio.sleep(self._poll_s)
+
+    def poll(self, src: Source | None) -> int:
+        """Forward what ``src`` gained since the last poll; returns the lines logged."""
+        src = src or self._last  # the server is gone: its last lines still count
+        if src is None:
+            return 0
+        self._last = src
+        self._refill(src)
+        if not self._started:
+            # The log there is at start (an adopted server's) is followed from its end:
+            # its past is in the file, and was forwarded by the daemon that launched it.
+            with contextlib.suppress(OSError):
+                self._offset = os.path.getsize(src.path)
+            self._path = src.path
+            self._started = True
+        if src.path != self._path:
+            self._flush_partial(src)
+            self._path, self._offset = src.path, 0
+        try:
+            size = os.path.getsize(src.path)
+            if size < self._offset:  # copy-truncated by the size bound: new start
+                self._offset, self._partial = 0, b""
+            if size == self._offset:
+                return 0
+            with open(src.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read(MAX_READ_BYTES)
+        except OSError:
+            return 0
+        self._offset += len(data)
+        data = self._partial + data
+        complete, _, self._partial = data.rpartition(b"\n")
+        if len(self._partial) > MAX_LINE_CHARS:  # a line without end: forward its start
+            complete, self._partial = data, b""
+        if not complete:
+            return 0
+        return self._emit(src, complete.decode(errors="replace").splitlines())
+
+    def _flush_partial(self, src: Source) -> None:
+        if self._partial:
+            self._emit(src, [self._partial.decode(errors="replace")])
+            self._partial = b""
+
+    def _refill(self, src: Source) -> None:
+        """The rate bound's tokens; says once how many lines it held back, when it can."""
+        now = time.monotonic()
+        self._tokens = min(float(self._rate), self._tokens + (now - self._refilled) * self._rate)
+        self._refilled = now
+        if self._dropped and self._tokens >= 1:
+            self._tokens -= 1
+            log.warning(
+                "[pid %d] %d lines of the server's log not forwarded (over %d lines/s); "
+                "%s has them",
+                src.pid,
+                self._dropped,
+                self._rate,
+                src.path,
+                extra={"server_pid": src.pid},
+            )
+            self._dropped = 0
+
+    def _emit(self, src: Source, lines: list[str]) -> int:
+        logged = 0
+        for line in lines:
+            if not line.strip():
+                continue
+            if self._tokens < 1:
+                self._dropped += 1
+                continue
+            self._tokens -= 1
+            text = scrub(line[:MAX_LINE_CHARS], src.secrets)
+            log.log(line_level(line), "[pid %d] %s", src.pid, text, extra={"server_pid": src.pid})
+            logged += 1
+        return logged

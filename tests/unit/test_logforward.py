@@ -1,0 +1,90 @@
+"""The server-log forwarder's bounds: rate, line length, truncation, new launches, flush."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from sglang_supervisor.observe.logforward import MAX_LINE_CHARS, LogForwarder, Source
+from sglang_supervisor.sglang.accesslog import PROBE_PATHS
+
+
+def lines_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "sglang"]
+
+
+def test_follows_truncation_and_new_launches_from_their_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "sglang")
+    first = tmp_path / "server-1.log"
+    first.write_text("before the daemon\n")
+    fwd = LogForwarder(lambda: None)
+    src = Source(first, 11, ("hf_abcdefgh",))
+    assert fwd.poll(src) == 0  # an existing log is followed from its end
+    with first.open("a") as f:
+        f.write("[t] WARNING token hf_abcdefgh in a line\nhalf a li")
+    assert fwd.poll(src) == 1
+    with first.open("a") as f:
+        f.write("ne\n")
+    assert fwd.poll(src) == 1
+    first.write_text("after the copy-truncate\n")  # the size bound truncated it
+    assert fwd.poll(src) == 1
+    second = tmp_path / "server-2.log"
+    second.write_text("a new launch\n")
+    assert fwd.poll(Source(second, 12, ())) == 1
+    assert fwd.poll(None) == 0  # the server is gone: nothing new in its last file
+    assert lines_of(caplog) == [
+        "[pid 11] [t] WARNING token <redacted> in a line",
+        "[pid 11] half a line",
+        "[pid 11] after the copy-truncate",
+        "[pid 12] a new launch",
+    ]
+    assert next(r.levelno for r in caplog.records if r.name == "sglang") == logging.WARNING
+
+
+def test_rate_and_length_are_bounded(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "sglang")
+    path = tmp_path / "server-1.log"
+    path.write_text("")
+    fwd = LogForwarder(lambda: None, max_lines_per_s=10)
+    src = Source(path, 7, ())
+    fwd.poll(src)
+    path.write_text("".join(f"line {i}\n" for i in range(500)) + "x" * 10 * MAX_LINE_CHARS + "\n")
+    assert fwd.poll(src) <= 11
+    fwd._refilled -= 1.0  # a second later: the bound's tokens are back
+    fwd.poll(src)
+    said = lines_of(caplog)
+    assert any("lines of the server's log not forwarded (over 10 lines/s)" in s for s in said)
+    assert all(len(s) <= MAX_LINE_CHARS + 20 for s in said)
+
+
+def test_stop_forwards_what_was_written_until_then(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "sglang")
+    path = tmp_path / "server-1.log"
+    path.write_text("")
+    src = Source(path, 9, ())
+
+    async def main() -> None:
+        fwd = LogForwarder(lambda: src, poll_s=3600)
+        fwd.start()
+        while not fwd._started:  # its first poll: follows from the (empty) end
+            await asyncio.sleep(0.01)
+        path.write_text("Gracefully exiting... Remaining number of requests 0.\n")
+        await fwd.stop()
+
+    asyncio.run(main())
+    assert lines_of(caplog) == ["[pid 9] Gracefully exiting... Remaining number of requests 0."]
+
+
+def test_every_path_the_daemon_probes_is_kept_out_of_the_access_log() -> None:
+    health = Path(__file__).parents[2] / "supervisor" / "observe" / "health.py"
+    import re
+
+    probed = set(re.findall(r'f"\{url\}(/[a-z_]+)"', health.read_text()))
+    assert probed and probed <= set(PROBE_PATHS), probed - set(PROBE_PATHS)
