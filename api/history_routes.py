@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from sglang_supervisor.engine.watch import TELEMETRY_INTERVAL_S
 from sglang_supervisor.observe.history import MAX_SAMPLES, history_json
@@ -16,7 +16,15 @@ router = APIRouter()
 
 
 @router.get("/history", response_model=HistoryAnswer)
-async def history(sup: SupervisorDep) -> dict[str, Any]:
+async def history(
+    sup: SupervisorDep,
+    since: Annotated[
+        float | None, Query(description="only samples taken after this unix time")
+    ] = None,
+) -> dict[str, Any]:
     """Load samples, oldest first, column by column (one per telemetry read, at most an
     hour's): running, queued, time to first token, cache hit rate, throughput, KV usage."""
-    return history_json(sup.view().history, TELEMETRY_INTERVAL_S, MAX_SAMPLES)
+    samples = sup.view().history
+    if since is not None:
+        samples = tuple(s for s in samples if s.t > since)
+    return history_json(samples, TELEMETRY_INTERVAL_S, MAX_SAMPLES)

@@ -78,6 +78,11 @@ class OperationModel(_Open):
     log_tail: list[str] = Field(default_factory=list)
     levers_requested: dict[str, Any] | None = None
     levers_effective: dict[str, Any] | None = None
+    levers_before: dict[str, Any] | None = Field(
+        None,
+        description="an apply: the levers serving when it was asked for "
+        "(its diff: this -> levers_requested)",
+    )
     resolved: dict[str, Any] | None = Field(
         None, description="what SGLang's resolution pipeline made of the levers (validate)"
     )

@@ -23,5 +23,7 @@ def test_history_and_diagnosis_are_served(readonly_daemon: Daemon) -> None:
     for column in body["columns"]:
         assert len(body[column]) == len(body["t"]), column
     assert body["t"] == sorted(body["t"])
+    newer = d.client.get("/history", params={"since": body["t"][-2]}).json()
+    assert newer["t"] and newer["t"][0] == body["t"][-1]
     r = d.client.get("/history", params={"limit": "5"})
     assert r.status_code == 422 and "limit" in r.text

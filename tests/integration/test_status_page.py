@@ -25,7 +25,7 @@ if CHROMIUM is None:
     pytest.skip("needs Debian's chromium (scripts/test.sh installs it)", allow_module_level=True)
 
 TOKEN = "page-test-token-5c1e0a"
-STATE = "document.getElementById('state').innerText"
+STATE = "document.getElementById('state').dataset.state"
 
 
 def outcome_row(p: Page) -> tuple[str, str, str]:
@@ -215,3 +215,4 @@ def test_status_page_without_a_token_on_loopback(daemon_factory: type[Daemon]) -
         assert p.exceptions() == []
     finally:
         browser.close()
+
