@@ -52,11 +52,18 @@ class LoadHistory:
         self._ring: deque[Sample] = deque(maxlen=max_samples)
         self._wall = wall
         self._ttft: tuple[float, float] | None = None
+        self._last: Throughput | None = None
         #: The ring as of the last ``record``: views take it without a copy.
         self.samples: tuple[Sample, ...] = ()
 
     def record(self, t: Throughput) -> None:
-        """One telemetry read (an empty ``Throughput`` with no server: a gap)."""
+        """One telemetry read (an empty ``Throughput`` with no server: a gap). The read
+        recorded last time, offered again, is a gap too: no new reading came since (a
+        slow scrape, or the previous server's figures before the new one is read)."""
+        if t is self._last:
+            t = Throughput()
+        else:
+            self._last = t
         self._ring.append(
             Sample(
                 round(self._wall(), 3),

@@ -131,6 +131,14 @@ def test_the_history_never_exceeds_its_maximum() -> None:
     assert body["max_samples"] == 5 and body["columns"][0] == "t"
 
 
+def test_a_reading_recorded_already_is_a_gap() -> None:
+    h = LoadHistory(wall=lambda: 0.0)
+    read = Throughput(running_requests=30, queued_requests=90, token_usage=0.99)
+    h.record(read)
+    h.record(read)  # no new reading since (an apply's old figures, a slow scrape)
+    assert [s.queued_requests for s in h.samples] == [90, None]
+
+
 def test_ttft_is_the_mean_of_each_interval_from_sglangs_histogram() -> None:
     text = """# TYPE sglang:time_to_first_token_seconds histogram
 sglang:time_to_first_token_seconds_bucket{{is_streaming="true",le="+Inf"}} {n1}
