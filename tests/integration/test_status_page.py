@@ -298,6 +298,20 @@ def test_status_page_through_a_kv_bound_incident(
         assert "Stop the server?" in p.text("#confirm-text")
         p.click("#confirm-no")
         assert d.status()["state"] == "ready" and d.status()["operation"] is None
+        # Restart, confirmed: it runs, with its phase in the header, and changes no lever.
+        pid = d.status()["server"]["pid"]
+        p.click("#do-restart")
+        p.wait("document.getElementById('confirm-box').style.display === 'block'", 5)
+        p.click("#confirm-yes")
+        p.wait(
+            "document.querySelector('#operations tbody tr') && "
+            "document.querySelector('#operations tbody tr').children[1].innerText === 'restart'"
+            " && document.querySelector('#operations tbody tr .outcome').innerText === 'succeeded'",
+            30,
+            "the confirmed restart",
+        )
+        assert p.text("#operations tbody tr .leverdiff") == "unchanged"
+        assert d.status()["server"]["pid"] != pid
         assert p.exceptions() == []
     finally:
         browser.close()
