@@ -78,6 +78,11 @@ class OperationModel(_Open):
     log_tail: list[str] = Field(default_factory=list)
     levers_requested: dict[str, Any] | None = None
     levers_effective: dict[str, Any] | None = None
+    levers_before: dict[str, Any] | None = Field(
+        None,
+        description="an apply: the levers serving when it was asked for "
+        "(its diff: this -> levers_requested)",
+    )
     resolved: dict[str, Any] | None = Field(
         None, description="what SGLang's resolution pipeline made of the levers (validate)"
     )
@@ -162,7 +167,35 @@ class ThroughputModel(_Open):
     used_tokens: float | None = Field(None, description="KV tokens in use over all DP workers")
     generation_tokens_total: float | None = None
     prompt_tokens_total: float | None = None
+    ttft_seconds_sum: float | None = Field(
+        None, description="SGLang's time-to-first-token histogram: its sum (seconds)"
+    )
+    ttft_count: float | None = Field(None, description="... and its count")
     source: str | None = Field(None, description="metrics, log, or null")
+
+
+class DiagnosisModel(_Open):
+    kind: str = Field(description="kv_bound, queue_bound, not_saturated or no_metrics")
+    since: float = Field(description="unix time the reported kind began")
+    evidence: dict[str, Any] = Field(
+        description="the gauges, the thresholds, held_s / hold_s, and pending: a kind seen "
+        "but not held long enough yet"
+    )
+    message: str
+    proposal: str | None = Field(description="what to do (null: nothing)")
+
+
+class HistoryAnswer(BaseModel):
+    interval_s: float = Field(description="seconds between samples (the telemetry's)")
+    max_samples: int = Field(description="the most samples kept (an hour's)")
+    columns: list[str]
+    t: list[float] = Field(description="unix time of each sample, oldest first")
+    running_requests: list[float | None]
+    queued_requests: list[float | None]
+    ttft_s: list[float | None] = Field(description="mean time to first token in the interval")
+    cache_hit_rate: list[float | None]
+    gen_tokens_per_s: list[float | None]
+    token_usage: list[float | None]
 
 
 class StatusAnswer(_Open):
@@ -184,6 +217,9 @@ class StatusAnswer(_Open):
     restarts: int
     restarts_by_reason: dict[str, int]
     throughput: ThroughputModel
+    diagnosis: DiagnosisModel | None = Field(
+        None, description="where the load's bottleneck is (supervisor/planner/diagnosis.py)"
+    )
     loading: str | None = Field(
         None,
         description="what the daemon's start-up is still loading (state, SGLang's flag schema, "

@@ -139,6 +139,9 @@ class TimeoutSettings(_Section):
     crash_loop_window_s: float = Field(600.0, gt=0)
     #: Upper bound on an optional drain (POST /levers drain_timeout_s).
     max_drain_s: float = Field(3600.0, ge=0)
+    #: How long a kind of load must hold before /status's ``diagnosis`` reports it (the
+    #: SglangKvCacheExhausted alert's ``for: 3m``; supervisor/planner/diagnosis.py).
+    diagnosis_hold_s: float = Field(180.0, ge=0)
 
 
 class RouterSettings(_Section):

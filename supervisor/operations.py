@@ -75,6 +75,8 @@ class Operation:
     #: The failed launch's last log lines, when a start failed.
     log_tail: list[str] = field(default_factory=list)
     levers_effective: dict[str, Any] | None = None
+    #: The levers serving when an apply was asked for: its lever diff is this -> requested.
+    levers_before: dict[str, Any] | None = None
     dry_run: bool = False
     #: The values SGLang's own resolution picked for the requested levers (validate).
     resolved: dict[str, Any] = field(default_factory=dict)
@@ -147,5 +149,6 @@ class Operation:
             "log_tail": self.log_tail,
             "levers_requested": self.levers_requested,
             "levers_effective": self.levers_effective,
+            "levers_before": self.levers_before,
             "not_cancellable": self.not_cancellable,
         }

@@ -71,7 +71,7 @@ async def submit_apply(
     # The apply is one operation from here on: its validate and preflight phases run on
     # it, timed as they run, and count in its duration and metrics. It becomes the
     # running operation only once they pass, so a refused request leaves nothing behind.
-    op = Operation(kind=OpKind.APPLY, dry_run=dry_run)
+    op = Operation(kind=OpKind.APPLY, dry_run=dry_run, levers_before=sup.levers.to_json())
     requested = sup.requested_levers(levers, env, replace=replace)
     # LeverError when SGLang (or a host check) refuses: nothing is touched.
     checked, resolved, not_run = await checks.before_the_stop(sup, requested, op)

@@ -33,9 +33,11 @@ from sglang_supervisor.host.backend import Backend, ProcessOps
 from sglang_supervisor.host.gpu import GpuInfo, GpuSample
 from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.observe.health import HealthChecker
+from sglang_supervisor.observe.history import LoadHistory
 from sglang_supervisor.observe.telemetry import Throughput
 from sglang_supervisor.operations import Operation
 from sglang_supervisor.phases import OpKind
+from sglang_supervisor.planner.diagnosis import Diagnoser
 from sglang_supervisor.sglang.levers import LeverSet, canonical_names
 from sglang_supervisor.sglang.parser import LoadedSchema
 from sglang_supervisor.sglang.resolution import default_resolver
@@ -91,6 +93,9 @@ class Supervisor:
         self.managed: list[GpuInfo] = []
         self.baseline: dict[int, int] = {}
         self.throughput = Throughput()
+        #: The load of the last hour and its diagnosis (observe.history, planner.diagnosis).
+        self.history = LoadHistory()
+        self.diagnoser = Diagnoser(settings.timeouts.diagnosis_hold_s, clock=clock)
         self.restarts = 0
         self.restarts_by_reason: dict[str, int] = {}
         self.crash_times: deque[float] = deque()

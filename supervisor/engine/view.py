@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from sglang_supervisor.engine.release import members_now
 from sglang_supervisor.host.gpu import GpuInfo, GpuQueryError
+from sglang_supervisor.observe.history import Sample
 from sglang_supervisor.observe.telemetry import Throughput
+from sglang_supervisor.planner.diagnosis import Diagnosis
 from sglang_supervisor.sglang.levers import LeverSet
 from sglang_supervisor.sglang.schema import FlagSchema
 from sglang_supervisor.states import ServerState
@@ -108,6 +110,9 @@ class SupervisorView:
     loading: str | None = None
     #: Which SGLang answers validation (``SglangInfo.to_json``).
     sglang: Mapping[str, Any] | None = None
+    #: The load's diagnosis and its last hour (planner.diagnosis, observe.history).
+    diagnosis: Diagnosis | None = None
+    history: tuple[Sample, ...] = ()
 
     @property
     def gpu_indices(self) -> list[int]:
@@ -142,6 +147,7 @@ class SupervisorView:
             "restarts": self.restarts,
             "restarts_by_reason": dict(self.restarts_by_reason),
             "throughput": self.throughput.to_json(),
+            "diagnosis": None if self.diagnosis is None else self.diagnosis.to_json(),
             "schema": {"sglang_version": self.schema.sglang_version, "source": self.schema.source},
             "loading": self.loading,
             "sglang": None if self.sglang is None else dict(self.sglang),
@@ -226,6 +232,8 @@ def snapshot(sup: Supervisor) -> SupervisorView:
         probation=None if sup.probation is None else frozen_map(sup.probation),
         loading=sup.loading,
         sglang=frozen_map(sup.sglang.to_json()),
+        diagnosis=sup.diagnoser.current,
+        history=sup.history.samples,
     )
 
 

@@ -86,6 +86,10 @@ class Watcher:
         self._liveness_tick(now)
         if now >= self._next_telemetry and (self._telemetry is None or self._telemetry.done()):
             self._next_telemetry = now + TELEMETRY_INTERVAL_S
+            # The last read into the history and the diagnosis (a server not serving: none).
+            load = sup.throughput if sup.state in (S.READY, S.DRAINING) else Throughput()
+            sup.history.record(load)
+            sup.diagnoser.observe(load)
             self._telemetry = asyncio.create_task(self._read_telemetry(), name="telemetry")
 
     def _liveness_tick(self, now: float) -> None:

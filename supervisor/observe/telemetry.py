@@ -2,7 +2,9 @@
 
 SGLang's gauges: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
 ``sglang:gen_throughput``, ``sglang:token_usage``, ``sglang:cache_hit_rate``; counters
-``sglang:generation_tokens_total``, ``sglang:prompt_tokens_total``. When no metrics endpoint
+``sglang:generation_tokens_total``, ``sglang:prompt_tokens_total``; the histogram
+``sglang:time_to_first_token_seconds`` (its ``_sum`` and ``_count``: the history derives
+the mean TTFT of each interval from their increase). When no metrics endpoint
 answers, the last ``Decode batch, #running-req: ...`` line of the log is the fallback.
 """
 
@@ -27,6 +29,12 @@ _COUNTERS = {
     "sglang:generation_tokens": "generation_tokens_total",
     "sglang:prompt_tokens": "prompt_tokens_total",
 }
+#: Histogram series (SGLang 0.5.23 ``observability/metrics_collector.py:2040``), summed
+#: over their labels (``is_streaming``, and per DP rank where exported).
+_HISTOGRAMS = {
+    "sglang:time_to_first_token_seconds_sum": "ttft_seconds_sum",
+    "sglang:time_to_first_token_seconds_count": "ttft_count",
+}
 
 
 @dataclass
@@ -40,6 +48,9 @@ class Throughput:
     used_tokens: float | None = None
     generation_tokens_total: float | None = None
     prompt_tokens_total: float | None = None
+    #: Time to first token: the histogram's sum (seconds) and count, since the server began.
+    ttft_seconds_sum: float | None = None
+    ttft_count: float | None = None
     #: "metrics", "log" or None (nothing read yet).
     source: str | None = None
 
@@ -60,7 +71,7 @@ def parse_metrics(text: str) -> Throughput:
             if sample.labels.get("priority", ""):
                 continue  # a per-priority breakdown of a total counted already
             name = sample.name
-            key = _GAUGES.get(name)
+            key = _GAUGES.get(name) or _HISTOGRAMS.get(name)
             if key is None and name.endswith("_total"):
                 key = _COUNTERS.get(name[: -len("_total")])
             if key is None:

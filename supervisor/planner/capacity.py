@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sglang_supervisor.planner.diagnosis import sentence
 from sglang_supervisor.planner.hicache import auto_ratio, auto_sized, host_pool_tokens
 from sglang_supervisor.planner.inputs import lever_bool, lever_float, lever_int
 from sglang_supervisor.planner.memory import sglang_reserve
@@ -224,27 +225,8 @@ class LiveLoad:
         return value if value > 0 else None
 
     def diagnosis(self) -> str:
-        """Where the bottleneck is, in one sentence."""
-        running = int(self.running_requests or 0)
-        queued = int(self.queued_requests or 0)
-        usage = self.token_usage
-        if usage is None and self.running_requests is None:
-            return "no live metrics yet: the plan rests on the model and the hardware alone"
-        use = f"{usage:.2f}" if usage is not None else "unknown"
-        if queued > 0 and usage is not None and usage >= 0.9:
-            return (
-                f"KV-cache bound: token usage {use} with {running} requests running and "
-                f"{queued} queued — more KV tokens per GPU let more requests run at once"
-            )
-        if queued > 0:
-            return (
-                f"requests queue ({queued}) while the KV cache is {use} used with {running} "
-                "running: the limit is max_running_requests or compute, not KV memory"
-            )
-        return (
-            f"not saturated: {running} running, none queued, token usage {use} — the levers "
-            "add headroom for load to come"
-        )
+        """Where the bottleneck is, in one sentence (the rule: ``planner.diagnosis``)."""
+        return sentence(self.running_requests, self.queued_requests, self.token_usage)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

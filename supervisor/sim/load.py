@@ -184,6 +184,7 @@ class Engine:
             if not self._accepting:
                 return None
             self._real_inflight += 1
+            req.arrived = self._clock()
             self._dispatch(req)
             self._admit(self._clock())
         return req
@@ -256,6 +257,8 @@ class Engine:
             prompt_tokens_total=sum(p.prompt_tokens_total for p in parts),
             cuda_graph=all(p.cuda_graph for p in parts),
             turned_away_total=self._turned_away,
+            ttft_sum_s=sum(p.ttft_sum_s for p in parts),
+            ttft_count=sum(p.ttft_count for p in parts),
         )
 
     def worker_stats(self) -> list[EngineStats]:
@@ -282,6 +285,8 @@ class Engine:
             prompt_tokens_total=w.prompt_total,
             cuda_graph=graph,
             turned_away_total=self._turned_away,
+            ttft_sum_s=w.ttft_sum_s,
+            ttft_count=w.ttft_count,
         )
 
     def _dispatch(self, req: Request) -> None:
@@ -298,11 +303,14 @@ class Engine:
         if now - self._next_arrival > MAX_CATCH_UP_S:
             self._next_arrival = now - MAX_CATCH_UP_S
         while self._next_arrival <= now:
+            arrived = self._next_arrival
             self._next_arrival += self._rng.expovariate(load.rate)
             if sum(len(w.pending) for w in self.workers) >= load.max_queue:
                 self._turned_away += 1
                 continue
-            self._dispatch(synthetic(load, self._rng, self._prefix_cum))
+            req = synthetic(load, self._rng, self._prefix_cum)
+            req.arrived = arrived
+            self._dispatch(req)
 
     def _admit(self, now: float) -> None:
         """Per worker, first come first served, while a slot is free and the head's
@@ -334,6 +342,9 @@ class Engine:
                 req.admitted = True
                 w.prompt_total += req.prompt_tokens
                 w.window.append((req.prompt_tokens, req.cached))
+                # Time to first token: the wait in the queue, then the uncached prefill.
+                w.ttft_sum_s += max(0.0, now - req.arrived) + self.prefill_s(req)
+                w.ttft_count += 1
                 if req.synthetic:
                     end = now + self._duration(req)
                     heapq.heappush(self._finishing, (end, next(self._seq), req))

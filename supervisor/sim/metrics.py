@@ -16,7 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from sglang_supervisor.sim.load import Engine
@@ -76,6 +81,17 @@ class SglangMetrics(Collector):
             c = CounterMetricFamily(name, doc, labels=list(TOKENIZER_LABELS))
             c.add_metric([self._model, "unified"], value)
             yield c
+        # SGLang's TTFT histogram (metrics_collector.py:2040, with ``is_streaming``): the
+        # simulation keeps the sum and the count, so only the +Inf bucket is exported.
+        h = HistogramMetricFamily(
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            labels=[*TOKENIZER_LABELS, "is_streaming"],
+        )
+        h.add_metric(
+            [self._model, "unified", "false"], [("+Inf", s.ttft_count)], sum_value=s.ttft_sum_s
+        )
+        yield h
 
 
 def decode_lines(engine: Engine, ranks: int) -> list[tuple[str, str]]:

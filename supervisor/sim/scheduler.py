@@ -23,6 +23,9 @@ class EngineStats(NamedTuple):
     #: Whether the current decode batch replays a captured CUDA graph.
     cuda_graph: bool
     turned_away_total: int
+    #: Time to first token of every admitted request: seconds summed, and how many.
+    ttft_sum_s: float = 0.0
+    ttft_count: int = 0
 
 
 class GenResult(NamedTuple):
@@ -46,6 +49,8 @@ class _Worker:
         self.used = 0
         self.gen_total = 0
         self.prompt_total = 0
+        self.ttft_sum_s = 0.0
+        self.ttft_count = 0
         self.window: deque[tuple[int, int]] = deque(maxlen=HIT_RATE_WINDOW)
         self.running_keys: Counter[str] = Counter()
         self.lru: OrderedDict[str, int] = OrderedDict()

@@ -99,6 +99,8 @@ class Request:
     worker: int = 0
     admitted: bool = False
     cached: int = 0
+    #: When it arrived (the engine's clock): its time to first token counts from here.
+    arrived: float = 0.0
 
 
 def synthetic(load: LoadSpec, rng: random.Random, prefix_cum: list[float]) -> Request:

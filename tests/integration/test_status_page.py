@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.cdp import Browser, Page, find_chromium
-from tests.helpers import Daemon
+from tests.helpers import Daemon, wait_until
 
 CHROMIUM = find_chromium()
 if CHROMIUM is None:
@@ -25,7 +25,7 @@ if CHROMIUM is None:
     pytest.skip("needs Debian's chromium (scripts/test.sh installs it)", allow_module_level=True)
 
 TOKEN = "page-test-token-5c1e0a"
-STATE = "document.getElementById('state').innerText"
+STATE = "document.getElementById('state').dataset.state"
 
 
 def outcome_row(p: Page) -> tuple[str, str, str]:
@@ -188,6 +188,12 @@ def test_status_page_without_a_token_on_loopback(daemon_factory: type[Daemon]) -
         p.wait(f"{STATE} === 'ready'", 15, "state ready")
         assert p.js("document.getElementById('token-box').style.display") != "block"
         assert "0.85" in p.text("#levers")
+        # What the daemon sends is shown as text: a refused lever named like markup.
+        p.fill("#apply-levers", "<b>x</b><img src onerror> = 1")
+        p.click("#dry-run")
+        p.wait("!!document.querySelector('#dry-result .problems li')", 15, "the refusal")
+        assert "unknown lever '<b>x</b><img src onerror>'" in p.text("#dry-result .problems li")
+        assert p.js("document.querySelector('#dry-result b, #dry-result img') === null")
         p.wait("document.querySelectorAll('#operations tbody tr').length > 0", 15)
         assert outcome_row(p)[:2] == ("start", "succeeded")
         p.wait("document.getElementById('log-tail').innerText.length > 0", 15, "the log tail")
@@ -212,6 +218,100 @@ def test_status_page_without_a_token_on_loopback(daemon_factory: type[Daemon]) -
         )
         p.wait(f"{STATE} === 'ready'", 20)
         assert "0.85" in p.text("#levers") and "cancelled" in outcome_row(p)[2]
+        assert p.exceptions() == []
+    finally:
+        browser.close()
+
+
+#: A KV-bound load on the default simulated server (4 GPUs, tp 4, 0.85): ~33 requests of
+#: ~32k tokens fit, so 14 a second queue up; the plan's fp8 KV cache fits ~74 (measured).
+INCIDENT_LOAD = "rate=14,avg_tokens=32000"
+DIAGNOSIS = "document.getElementById('diagnosis')"
+
+
+def test_status_page_through_a_kv_bound_incident(
+    daemon_factory: type[Daemon], tmp_path: Path
+) -> None:
+    """The incident the page exists for: the simulator loaded until the server is KV-bound;
+    the page shows the diagnosis with the plan, dry-runs it, applies it with a
+    confirmation, and the banner clears once the new levers carry the load."""
+    shots = Path(os.environ.get("SGLANG_SUPERVISOR_SCREENSHOTS") or tmp_path)
+    d = daemon_factory(
+        timeouts={"diagnosis_hold_s": 4},  # the alert's 3 minutes, shortened for the test
+        extra={"server": {"env": {"SGLANG_SIM_LOAD": INCIDENT_LOAD}}},
+    ).start()
+    wait_until(
+        lambda: d.status()["diagnosis"]["kind"] == "kv_bound", 40, 0.5, "the daemon's kv_bound"
+    )
+    assert CHROMIUM is not None
+    browser = Browser(CHROMIUM)
+    try:
+        p = browser.page()
+        p.goto(d.url + "/")
+        # The charts come from the daemon's history at once (polls add one sample per 2 s).
+        p.wait("(window.__page.hist || {t: []}).t.length >= 4", 3, "the history at once")
+        for chart in ("running", "queue", "ttft", "hit", "throughput", "kv"):
+            assert p.js(f"!!document.querySelector('#spark-{chart} polyline')"), chart
+        p.wait(f"{DIAGNOSIS}.dataset.kind === 'kv_bound'", 10, "the kv_bound banner")
+        assert p.js(f"{DIAGNOSIS}.style.display") == "block"
+        assert "KV-cache bound" in p.text("#diagnosis") and "POST /plan" in p.text("#diagnosis")
+        # The plan's proposal in the banner: each lever, now -> proposed.
+        p.wait("!!document.querySelector('#plan-changes tr[data-change=\"kv_cache_dtype\"]')", 15)
+        assert p.text("#plan-changes tr[data-change='kv_cache_dtype']").endswith("→ fp8_e4m3")
+        assert p.js("document.getElementById('plan-apply').disabled"), "apply before a dry run"
+        p.screenshot(shots / "status-page-kv-bound.png")
+
+        # One click: the dry run of the plan (validate + preflight; nothing stops).
+        p.click("#plan-dry-run")
+        p.wait("!document.getElementById('plan-apply').disabled", 30, "the plan's dry run")
+        assert p.text("#plan-dry-outcome") == "dry run succeeded"
+        # Apply asks first; "no" changes nothing.
+        p.click("#plan-apply")
+        p.wait("document.getElementById('confirm-box').style.display === 'block'", 5)
+        assert "server restarts" in p.text("#confirm-text")
+        p.click("#confirm-yes")
+        # The header shows the apply and its phase, not the server's "ready".
+        p.wait(
+            "document.getElementById('state').innerText.startsWith('apply · ')",
+            20,
+            "the apply in the header",
+        )
+        p.wait(
+            f"{STATE} === 'ready' && !document.getElementById('state').innerText.includes('·')", 40
+        )
+        assert outcome_row(p)[:2] == ("apply", "succeeded")
+        diff = p.js(
+            "[...document.querySelectorAll('#operations tbody tr')]"
+            ".find(r => r.children[1].innerText === 'apply').children[5].innerText"
+        )
+        assert "kv_cache_dtype (unset) → fp8_e4m3" in diff, diff
+        assert "mem_fraction_static 0.85 → 0.928" in diff, diff
+        # The banner clears once the new levers carry the load (the kind must hold too).
+        p.wait(f"{DIAGNOSIS}.dataset.kind === 'not_saturated'", 40, "the banner to clear")
+        assert p.js(f"{DIAGNOSIS}.style.display") == "none"
+        assert d.status()["levers"]["kv_cache_dtype"] == "fp8_e4m3"
+        p.screenshot(shots / "status-page-after-plan.png")
+
+        # Stop asks for a confirmation; "no" leaves the server serving.
+        p.click("#do-stop")
+        p.wait("document.getElementById('confirm-box').style.display === 'block'", 5)
+        assert "Stop the server?" in p.text("#confirm-text")
+        p.click("#confirm-no")
+        assert d.status()["state"] == "ready" and d.status()["operation"] is None
+        # Restart, confirmed: it runs, with its phase in the header, and changes no lever.
+        pid = d.status()["server"]["pid"]
+        p.click("#do-restart")
+        p.wait("document.getElementById('confirm-box').style.display === 'block'", 5)
+        p.click("#confirm-yes")
+        p.wait(
+            "document.querySelector('#operations tbody tr') && "
+            "document.querySelector('#operations tbody tr').children[1].innerText === 'restart'"
+            " && document.querySelector('#operations tbody tr .outcome').innerText === 'succeeded'",
+            30,
+            "the confirmed restart",
+        )
+        assert p.text("#operations tbody tr .leverdiff") == "unchanged"
+        assert d.status()["server"]["pid"] != pid
         assert p.exceptions() == []
     finally:
         browser.close()

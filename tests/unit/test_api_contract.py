@@ -48,6 +48,7 @@ EXPECTED: dict[tuple[str, str], set[int]] = {
     ("post", "/start"): {200, 202, 401, 409, 422},
     ("post", "/restart"): {200, 202, 401, 409, 422},
     ("get", "/metrics"): {200, 401},
+    ("get", "/history"): {200, 401, 422},
     ("get", "/logs"): {200, 401, 404, 422},
     ("get", "/events"): {200, 401, 422},
     ("post", "/plan"): {200, 401, 413, 422},
@@ -267,6 +268,9 @@ async def _check(client: httpx.AsyncClient, rig: Rig, app: Any) -> None:
     await state_is(rig, "ready")
     # The fake server's model is nowhere on disk: the plan gets the model's config inline.
     await call("post", "/plan", "/plan", json={"config_json": LLAMA_CONFIG})
+    history = (await call("get", "/history", "/history")).json()
+    assert history["max_samples"] == 1800 and len(history["t"]) <= 1800
+    await call("get", "/history", "/history", params={"since": "yesterday"})  # 422
 
     # What sglang_supervisor_api.request_guard refuses before any route runs, on every route.
     for method, route in EXPECTED:

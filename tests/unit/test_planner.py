@@ -284,7 +284,7 @@ def test_live_load_avg_tokens_and_diagnosis() -> None:
     assert live.diagnosis().startswith("KV-cache bound: token usage 0.99 with 80")
     assert (
         "not KV memory"
-        in LiveLoad(running_requests=4, queued_requests=9, token_usage=0.2).diagnosis()
+        in LiveLoad(running_requests=4, queued_requests=19, token_usage=0.2).diagnosis()
     )
     assert LiveLoad(running_requests=0, token_usage=0.0).avg_tokens() is None
 
