@@ -15,72 +15,75 @@ one), and the other operations end with the server running but not in the router
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
+from sglang_supervisor.engine.parts import Parts
+from sglang_supervisor.engine.record import ServerRecord
+from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation
 from sglang_supervisor.phases import PhaseName
 from sglang_supervisor.sglang.router import RouterError
 from sglang_supervisor.states import ServerState
 
-if TYPE_CHECKING:
-    from sglang_supervisor.engine.supervisor import Supervisor
-
 log = logging.getLogger("supervisor")
 S = ServerState
 
 
-async def leave(sup: Supervisor, op: Operation, *, prefix: str = "") -> bool:
+async def leave(parts: Parts, record: ServerRecord, op: Operation, *, prefix: str = "") -> bool:
     """Take the server out of the router. True when it is out (or was never in)."""
-    if not sup.router.enabled:
+    if not parts.router.enabled:
         return True
     ph = op.phase(prefix + PhaseName.ROUTER_REMOVE)
     try:
-        detail = await sup.router.leave()
+        detail = await parts.router.leave()
     except RouterError as exc:
-        sup.router_error = str(exc)
+        record.router_answered(str(exc))
         log.warning("router: %s", exc)
         ph.end(FAILED, f"{exc}; stopping anyway")
         return False
-    sup.router_error = None
+    record.router_answered(None)
     ph.end(SUCCEEDED, detail)
     return True
 
 
-async def join(sup: Supervisor, op: Operation, *, prefix: str = "") -> str | None:
+async def join(
+    parts: Parts, record: ServerRecord, op: Operation, *, prefix: str = ""
+) -> str | None:
     """Add the ready server and wait until the router lists it healthy. Returns None when
     it is, else what went wrong (also in the phase and /status)."""
-    if not sup.router.enabled:
+    if not parts.router.enabled:
         return None
     ph = op.phase(prefix + PhaseName.ROUTER_ADD)
     try:
-        detail = await sup.router.join()
+        detail = await parts.router.join()
     except RouterError as exc:
         why = f"the router did not take the new server: {exc}"
-        sup.router_error = why
+        record.router_answered(why)
         log.warning("router: %s", exc)
         ph.end(FAILED, why)
         return why
-    sup.router_error = None
+    record.router_answered(None)
     ph.end(SUCCEEDED, detail)
     return None
 
 
-def drain_bound(sup: Supervisor, asked_s: float) -> float:
+def drain_bound(parts: Parts, asked_s: float) -> float:
     """How long the drain before a stop may last: what the operator asked for, and with a
     router at least ``[router] drain_timeout_s`` (the router sends no new request)."""
-    if sup.router.enabled:
-        return max(asked_s, sup.settings.router.drain_timeout_s)
+    if parts.router.enabled:
+        return max(asked_s, parts.settings.router.drain_timeout_s)
     return asked_s
 
 
-async def leave_and_drain(sup: Supervisor, op: Operation) -> None:
+async def leave_and_drain(
+    parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation
+) -> None:
     """Before the operator's stop or restart of a serving server: out of the router, then
     drained. A server that is not ready is only taken out (best effort)."""
     from sglang_supervisor.engine.transaction import drain  # the drain step lives there
 
-    if not sup.router.enabled:
+    if not parts.router.enabled:
         return
-    serving = sup.state == S.READY
+    serving = record.state == S.READY
     # Still in a router that does not answer, it would keep getting requests: no drain.
-    if await leave(sup, op) and serving:
-        await drain(sup, op, sup.settings.router.drain_timeout_s)
+    if await leave(parts, record, op) and serving:
+        await drain(parts, record, stop, op, parts.settings.router.drain_timeout_s)

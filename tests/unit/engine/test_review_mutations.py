@@ -17,7 +17,16 @@ from sglang_supervisor.operations import ROLLED_BACK, SUCCEEDED, Operation
 from sglang_supervisor.phases import OpKind
 from tests.unit.engine.common import S, apply, idle, ops_of
 from tests.unit.engine.test_router_steps import FakeRouter
-from tests.unit.fakes import Behaviour, FakeClock, FakeHealth, make_rig, run, until
+from tests.unit.fakes import (
+    Behaviour,
+    FakeClock,
+    FakeHealth,
+    FakeProbe,
+    FakeProcessOps,
+    make_rig,
+    run,
+    until,
+)
 
 
 class HeldHealth(FakeHealth):
@@ -53,9 +62,16 @@ def test_a_failed_liveness_probe_of_the_earlier_server_is_not_held_against_the_n
 ) -> None:
     # One failed probe is enough to call a server hung: a stale result would restart B.
     clock = FakeClock()
-    rig = make_rig(tmp_path, clock=clock, liveness_failures=1, liveness_interval_s=5.0)
-    health = HeldHealth(rig.procs)
-    rig.sup.health = health
+    procs = FakeProcessOps(FakeProbe())
+    health = HeldHealth(procs)
+    rig = make_rig(
+        tmp_path,
+        procs=procs,
+        health=health,
+        clock=clock,
+        liveness_failures=1,
+        liveness_interval_s=5.0,
+    )
     interval = rig.settings.timeouts.liveness_interval_s
 
     async def main() -> None:
@@ -102,10 +118,10 @@ def test_backoff_doubles_after_each_failure_up_to_backoff_max_s(
     )
     waits: list[float] = []
 
-    async def backoff_on_the_fake_clock(sup: object, op: Operation, seconds: float) -> None:
+    async def backoff_on_the_fake_clock(stop: object, op: Operation, seconds: float) -> None:
         waits.append(seconds)
         clock.sleep(seconds)  # the wait passes at once on the fake clock
-        await real_pause(rig.sup, op, 0)  # a cancel or shutdown is still honoured
+        await real_pause(rig.sup.stop_request, op, 0)  # a cancel or shutdown is still honoured
 
     # transaction.pause is the backoff's wait (the only pause of transaction.py).
     monkeypatch.setattr(transaction, "pause", backoff_on_the_fake_clock)
@@ -133,9 +149,8 @@ def test_backoff_doubles_after_each_failure_up_to_backoff_max_s(
 
 
 def test_a_rollback_puts_the_last_good_server_back_in_the_router(tmp_path: Path) -> None:
-    rig = make_rig(tmp_path)
     router = FakeRouter()
-    rig.sup.router = router
+    rig = make_rig(tmp_path, router=router)
 
     async def main() -> None:
         await rig.start_ready()
