@@ -97,6 +97,9 @@ class Watcher:
     def _liveness_tick(self, now: float) -> None:
         parts, record = self.parts, self.record
         t = parts.settings.timeouts
+        if self._failing is not record.server:
+            # A new server (or none): failures of an earlier one never count against it.
+            self._failing, self.liveness_failures = record.server, 0
         probe = self._liveness
         if probe is not None and probe.done():
             self._liveness = None
@@ -118,9 +121,6 @@ class Watcher:
         if probe.ok or not self._watching():
             self.liveness_failures = 0
             return
-        if self._failing is not self.record.server:
-            # Failures of an earlier server never count against a new one.
-            self._failing, self.liveness_failures = self.record.server, 0
         self.liveness_failures += 1
         log.warning(
             "liveness probe %d/%d failed: %s",

@@ -15,7 +15,7 @@ from sglang_supervisor.engine.server import pause as real_pause
 from sglang_supervisor.observe.health import Probe
 from sglang_supervisor.operations import ROLLED_BACK, SUCCEEDED, Operation
 from sglang_supervisor.phases import OpKind
-from tests.unit.engine.common import S, apply, idle, ops_of
+from tests.unit.engine.common import S, apply, idle, ops_of, settle
 from tests.unit.engine.test_router_steps import FakeRouter
 from tests.unit.fakes import (
     Behaviour,
@@ -164,6 +164,46 @@ def test_a_rollback_puts_the_last_good_server_back_in_the_router(tmp_path: Path)
         assert router.listed, "the last-good server serves, but not in the router"
         names = [p.name for p in op.phases]
         assert "rollback_router_add" in names, names
+        await rig.sup.shutdown()
+
+    run(main)
+
+
+def test_liveness_failures_of_an_earlier_server_never_count_against_a_new_one(
+    tmp_path: Path,
+) -> None:
+    """Two failed probes in a row call a server hung. The first server fails one, an
+    operator restarts it, and the new server fails one, then answers: that is one failure
+    of the new server, not the second in a row (the watcher counts per server)."""
+    clock = FakeClock()
+    rig = make_rig(tmp_path, clock=clock, liveness_failures=2, liveness_interval_s=5.0)
+    interval = rig.settings.timeouts.liveness_interval_s
+
+    async def main() -> None:
+        await rig.start_ready()
+        first = rig.procs.handles[0]
+        first.hung = True
+        clock.sleep(interval)
+        await until(lambda: rig.sup.watch.liveness_failures == 1, what="one failed probe of A")
+        first.hung = False  # it only needs the restart now
+        await settle(rig, await rig.sup.submit_restart())
+        second = rig.procs.handles[1]
+        assert rig.procs.current() is second and idle(rig, S.READY)
+        second.hung = True
+        before = second.probes
+        clock.sleep(interval)  # one probe of the new server is due, and fails
+        await until(lambda: second.probes > before, what="a probe of the new server")
+        second.hung = False
+        # The next probe starts only once the failed one has been judged (and not while
+        # a recovery runs): either it runs, or the failure was taken for the second.
+        clock.sleep(interval)
+        await until(
+            lambda: second.probes > before + 1 or bool(ops_of(rig, OpKind.RECOVER)),
+            what="the next probe of the new server, or a recovery",
+        )
+        assert not ops_of(rig, OpKind.RECOVER), "one failed probe of B was taken for two"
+        assert rig.sup.restarts_by_reason == {}
+        assert rig.procs.current() is second
         await rig.sup.shutdown()
 
     run(main)
