@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+from sglang_supervisor.engine.boundaries import StartFailed, exit_reason, pause
 from sglang_supervisor.engine.parts import Parts
 from sglang_supervisor.engine.record import ServerRecord
-from sglang_supervisor.engine.server import StartFailed, exit_reason, pause
 from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.host.backend import ServerHandle
 from sglang_supervisor.operations import Operation, wall_iso

@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 
 from sglang_supervisor.engine import routing
+from sglang_supervisor.engine.boundaries import Cancelled
 from sglang_supervisor.engine.parts import Parts
 from sglang_supervisor.engine.record import ServerRecord
 from sglang_supervisor.engine.release import stop_and_release
-from sglang_supervisor.engine.server import Cancelled, launch_until_ready
+from sglang_supervisor.engine.server import launch_until_ready
 from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.operations import FAILED, ROLLED_BACK, Operation
 from sglang_supervisor.phases import OpKind, PhaseName, PhasePrefix, prefixed

@@ -9,7 +9,6 @@ boundary (``checkpoint``) or at the next poll of a wait, never inside a step.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -22,7 +21,15 @@ import httpx
 from sglang_supervisor import diskspace
 from sglang_supervisor.config import ServerSettings
 from sglang_supervisor.engine import ownership
+from sglang_supervisor.engine.boundaries import (
+    Cancelled,
+    StartFailed,
+    checkpoint,
+    exit_reason,
+    pause,
+)
 from sglang_supervisor.engine.parts import Parts
+from sglang_supervisor.engine.probation import watch_probation
 from sglang_supervisor.engine.record import ServerInfo, ServerRecord
 from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.host.backend import ServerHandle
@@ -38,46 +45,6 @@ from sglang_supervisor.states import ServerState
 
 log = logging.getLogger("supervisor")
 S = ServerState
-
-__all__ = ["Cancelled", "ServerInfo", "StartFailed", "checkpoint", "launch_until_ready", "pause"]
-
-
-class StartFailed(Exception):
-    """A launch did not become ready; the message says why (exit status, OOM, timeout)."""
-
-
-class Cancelled(Exception):
-    """A shutdown or an operator's cancel, noticed at a phase boundary."""
-
-    def __init__(self, reason: str, *, shutdown: bool) -> None:
-        super().__init__(reason)
-        self.shutdown = shutdown
-
-
-SHUTDOWN_REASON = "the daemon was shut down during the operation"
-
-
-def checkpoint(stop: StopRequest, op: Operation) -> None:
-    """A phase boundary: raise ``Cancelled`` when a shutdown or a cancel is pending.
-
-    An operator's cancel is honoured once (``op.cancelled`` records it), so the rollback
-    that follows runs to its end; a shutdown is honoured at every boundary.
-    """
-    if stop.requested:
-        raise Cancelled(SHUTDOWN_REASON, shutdown=True)
-    reason = op.cancel_requested
-    if reason is not None:
-        op.cancel_requested = None
-        op.cancelled = reason
-        op.wake.clear()
-        raise Cancelled(reason, shutdown=False)
-
-
-async def pause(stop: StopRequest, op: Operation, seconds: float) -> None:
-    """Sleep ``seconds``, ending early (``Cancelled``) on a shutdown or cancel request."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(op.wake.wait(), seconds)
-    checkpoint(stop, op)
 
 
 # ---------------------------------------------------------------------- launch
@@ -157,8 +124,6 @@ async def launch_until_ready(
         await wait_ready(parts, record, stop, op, handle)
         ph.end(SUCCEEDED, f"pid {handle.pid} ready")
         if probation and parts.settings.timeouts.probation_s > 0:
-            from sglang_supervisor.engine.probation import watch_probation  # it uses this module
-
             ph = op.phase(PhaseName.PROBATION)
             await watch_probation(parts, record, stop, op, handle)
             ph.end(SUCCEEDED, f"pid {handle.pid} still serving")
@@ -261,19 +226,3 @@ async def judge_hung(
         f"hung: pid {handle.pid} had been ready but failed {failures} liveness probes in a "
         f"row at adoption (last: {detail})"
     )
-
-
-async def exit_reason(handle: ServerHandle, when: str) -> str:
-    """Why the launcher exited, with what its log says (OOM, rejected arguments)."""
-    why = f"the server (pid {handle.pid}) {handle.describe_exit()} {when}"
-    tail = await asyncio.to_thread(tail_lines, handle.log_path, 60)
-    text = "\n".join(tail).lower()
-    if "out of memory" in text or "outofmemoryerror" in text:
-        why += (
-            "; its log reports CUDA out of memory: lower mem_fraction_static "
-            "(or max_running_requests / chunked_prefill_size)"
-        )
-    elif "error: unrecognized arguments" in text or "error: argument" in text:
-        line = next((ln for ln in reversed(tail) if "error:" in ln), "")
-        why += f"; it rejected its arguments: {line.strip()}"
-    return why

@@ -11,20 +11,14 @@ from pathlib import Path
 
 from sglang_supervisor.engine import persisted as persisted_levers
 from sglang_supervisor.engine import routing
+from sglang_supervisor.engine.boundaries import Cancelled, StartFailed, checkpoint
 from sglang_supervisor.engine.checks import refuse_if_foreign
 from sglang_supervisor.engine.parts import Parts, SchemaFacts
 from sglang_supervisor.engine.probation import watch_probation
 from sglang_supervisor.engine.record import ServerInfo, ServerRecord
 from sglang_supervisor.engine.release import members_now, stop_and_release, teardown
 from sglang_supervisor.engine.rollback import roll_back
-from sglang_supervisor.engine.server import (
-    Cancelled,
-    StartFailed,
-    checkpoint,
-    judge_hung,
-    launch_until_ready,
-    wait_ready,
-)
+from sglang_supervisor.engine.server import judge_hung, launch_until_ready, wait_ready
 from sglang_supervisor.engine.sglang_info import after_schema
 from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.engine.transaction import commit, recover

@@ -13,20 +13,15 @@ import asyncio
 import logging
 
 from sglang_supervisor.engine import routing
+from sglang_supervisor.engine.boundaries import Cancelled, checkpoint, pause
 from sglang_supervisor.engine.checks import refuse_if_foreign
 from sglang_supervisor.engine.parts import Parts
 from sglang_supervisor.engine.record import ReadRecord, ServerRecord
 from sglang_supervisor.engine.release import members_now, stop_and_release
 from sglang_supervisor.engine.rollback import roll_back
-from sglang_supervisor.engine.server import (
-    SHUTDOWN_REASON,
-    Cancelled,
-    checkpoint,
-    launch_until_ready,
-    pause,
-)
+from sglang_supervisor.engine.routing import drain
+from sglang_supervisor.engine.server import launch_until_ready
 from sglang_supervisor.engine.stop_request import StopRequest
-from sglang_supervisor.observe.telemetry import parse_metrics
 from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
 from sglang_supervisor.phases import OPERATOR_LAUNCHES, OpKind, PhaseName, PhasePrefix
 from sglang_supervisor.sglang.levers import LeverSet
@@ -139,45 +134,6 @@ async def commit(parts: Parts, record: ServerRecord, op: Operation, levers: Leve
         return
     ph.end(SUCCEEDED, f"last-good levers are now {levers.digest()}")
     op.finish(SUCCEEDED)
-
-
-async def drain(
-    parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation, timeout_s: float
-) -> None:
-    """ready -> draining until no request runs or waits, or ``timeout_s`` passes.
-
-    An operator's cancel and a forced shutdown end it at the next poll (``Cancelled``);
-    a graceful shutdown lets it finish (it is bounded), then the stop follows."""
-    ph = op.phase(PhaseName.DRAIN)
-    record.transition(S.DRAINING, f"drain up to {timeout_s:.0f}s ({op.id})")
-    started = parts.clock()
-    deadline = started + timeout_s
-    stop.drain_deadline = deadline
-    pending: float | None = None
-    poll_s = parts.settings.router.drain_poll_s if parts.router.enabled else 0.25
-    try:
-        while parts.clock() < deadline:
-            if stop.forced:
-                raise Cancelled(f"{SHUTDOWN_REASON} (forced: drain skipped)", shutdown=True)
-            if op.cancel_requested is not None:
-                checkpoint(stop, op)
-            text = await parts.health.metrics_text(parts.url, 2.0)
-            if text is not None:
-                t = parse_metrics(text)
-                pending = (t.running_requests or 0) + (t.queued_requests or 0)
-                if pending == 0:
-                    ph.end(SUCCEEDED, "no running or queued requests")
-                    return
-            await asyncio.sleep(max(parts.poll_s, poll_s))
-    finally:
-        stop.drain_deadline = None
-        record.drained(parts.clock() - started, pending)
-    left = "an unknown number of" if pending is None else f"{pending:g}"
-    ph.end(
-        SUCCEEDED,
-        f"timed out after {timeout_s:g}s (drain_timeout_s) with {left} requests still "
-        "running or queued; stopping anyway",
-    )
 
 
 async def stop(parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation) -> None:

@@ -14,10 +14,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from sglang_supervisor.engine.boundaries import exit_reason
 from sglang_supervisor.engine.parts import Parts
 from sglang_supervisor.engine.record import ServerInfo, ServerRecord
 from sglang_supervisor.engine.registry import OperationRegistry
-from sglang_supervisor.engine.server import exit_reason
 from sglang_supervisor.observe import serverlogs
 from sglang_supervisor.observe.health import Probe
 from sglang_supervisor.observe.telemetry import Throughput, last_decode_line, parse_metrics

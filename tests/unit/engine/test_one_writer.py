@@ -210,3 +210,44 @@ def test_the_parts_never_change(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="learned once"):
         learned.learn(SchemaFacts(load_bundled()))
     assert learned.facts.live  # the first answer stands
+
+
+def engine_imports(path: Path) -> set[str]:
+    """The engine modules ``path`` imports (anywhere in it: a function-level import that
+    hides a circle counts too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.startswith("sglang_supervisor.engine."):
+                found.add(node.module.rsplit(".", 1)[1])
+            elif node.module == "sglang_supervisor.engine":
+                found |= {a.name for a in node.names}
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle of ``graph`` found by a depth-first walk (empty: none)."""
+    found: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                walk(nxt, [*path, nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            walk(node, [node])
+    return found
+
+
+def test_the_engine_modules_import_each_other_without_a_circle() -> None:
+    """The steps form layers (boundaries, parts and record at the bottom, the facade on
+    top): no module imports one that imports it back, not even inside a function."""
+    graph = {p.stem: engine_imports(p) for p in ENGINE.glob("*.py") if p.stem != "__init__"}
+    assert not circles(graph), circles(graph)
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sglang_supervisor.engine import transaction
-from sglang_supervisor.engine.server import pause as real_pause
+from sglang_supervisor.engine.boundaries import pause as real_pause
 from sglang_supervisor.observe.health import Probe
 from sglang_supervisor.operations import ROLLED_BACK, SUCCEEDED, Operation
 from sglang_supervisor.phases import OpKind
