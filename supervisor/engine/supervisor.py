@@ -117,6 +117,10 @@ class Supervisor(SupervisorReads):
         """Hooks called with (old, new, reason) after each transition (the metrics)."""
         return self.record.on_transition
 
+    def warn(self, message: str) -> None:
+        """Show ``message`` in /status's warnings (once): ``ServerRecord.warn``."""
+        self.record.warn(message)
+
     def _begin(self, kind: OpKind, requested: LeverSet | None) -> Operation:
         return self.ops.begin(kind, requested, closing=self.stop_request.requested)
 
