@@ -11,14 +11,24 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sglang_supervisor.engine.errors import Busy
+from sglang_supervisor.engine.parts import Parts
+from sglang_supervisor.engine.record import ReadRecord, ServerRecord
 from sglang_supervisor.engine.release import members_now
+from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.engine.validation import not_run_of, validate_with_sglang
 from sglang_supervisor.host import preflight as host_preflight
-from sglang_supervisor.host.gpu import FOREIGN_ADVICE, GpuQueryError, GpuSample, foreign_holders
+from sglang_supervisor.host.gpu import (
+    FOREIGN_ADVICE,
+    GpuInfo,
+    GpuQueryError,
+    GpuSample,
+    foreign_holders,
+)
 from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation, Phase
 from sglang_supervisor.phases import OpKind, PhaseName
 from sglang_supervisor.planner import PlanError, load_model_dir
@@ -33,15 +43,12 @@ from sglang_supervisor.sglang.router import RouterError
 from sglang_supervisor.states import IDLE_STATES, ServerState
 from sglang_supervisor.units import MiB, fmt_mib
 
-if TYPE_CHECKING:
-    from sglang_supervisor.engine.supervisor import Supervisor
-
 log = logging.getLogger("supervisor")
 S = ServerState
 
 
 async def before_the_stop(
-    sup: Supervisor, requested: LeverSet, op: Operation
+    parts: Parts, record: ServerRecord, requested: LeverSet, op: Operation
 ) -> tuple[LeverSet, dict[str, Any], list[dict[str, str]]]:
     """Validate, then preflight ``requested``, each as a phase of ``op`` timed as it runs
     (``op`` is not yet registered: a refusal leaves nothing behind). Returns the
@@ -50,19 +57,19 @@ async def before_the_stop(
     ``LeverError`` naming every problem (nothing was touched)."""
     ph, t0 = op.phase(PhaseName.VALIDATE), time.monotonic()
     try:
-        checked, validate_detail, verdict = await validate_with_sglang(sup, requested)
+        checked, validate_detail, verdict = await validate_with_sglang(parts, record, requested)
     except LeverError as exc:
         ph.end(FAILED, str(exc))
         raise
     _passed(ph, t0, validate_detail)
     ph, t0 = op.phase(PhaseName.PREFLIGHT), time.monotonic()
-    problems = await preflight(sup, checked)
+    problems = await preflight(parts, record, checked)
     if problems:
         ph.end(FAILED, "; ".join(f"{p.lever}: {p.message}" for p in problems))
         raise LeverError(problems)
     _passed(ph, t0, "GPUs, host RAM, port, model path")
     resolved = {} if verdict is None else dict(verdict.resolved)
-    return checked, resolved, not_run_of(sup, verdict)
+    return checked, resolved, not_run_of(parts, verdict)
 
 
 def _passed(ph: Phase, t0: float, detail: str) -> None:
@@ -70,84 +77,89 @@ def _passed(ph: Phase, t0: float, detail: str) -> None:
     ph.end(SUCCEEDED, f"{detail} ({took * 1000:.1f} ms)")
 
 
-def backing_off(sup: Supervisor) -> bool:
-    """The running operation is a recovery that only waits out its backoff (no OS step
-    runs): an operator's request may end it."""
-    op = sup.operation
-    return op is not None and op.kind == OpKind.RECOVER and sup.state == S.BACKOFF
+def backing_off(current: Operation | None, record: ReadRecord) -> bool:
+    """The running operation (``current``) is a recovery that only waits out its backoff
+    (no OS step runs): an operator's request may end it."""
+    return current is not None and current.kind == OpKind.RECOVER and record.state == S.BACKOFF
 
 
-def refuse_if_busy(sup: Supervisor) -> None:
+def refuse_if_busy(stop: StopRequest, current: Operation | None, record: ReadRecord) -> None:
     """The one rule of "busy" for an operator's request: raises ``Busy`` while the daemon
     closes, or while an operation runs — unless it is a recovery only backing off, which
     yields to the request (once the request has been found valid)."""
-    if sup.stop_request.requested:
+    if stop.requested:
         raise Busy(Operation(kind=OpKind.SHUTDOWN))
-    current = sup.operation
-    if current is not None and not current.finished and not backing_off(sup):
+    if current is not None and not current.finished and not backing_off(current, record):
         raise Busy(current)
 
 
-async def before_a_relaunch(sup: Supervisor) -> None:
+async def before_a_relaunch(
+    parts: Parts, record: ReadRecord, stop: StopRequest, current: Operation | None
+) -> None:
     """Everything knowable before a start or restart of the current levers is checked
     before anything is stopped: busy, then the same preflight an apply runs (a foreign
     process on a GPU, host RAM, the port). Raises ``Busy`` or ``LeverError``."""
-    refuse_if_busy(sup)
-    problems = await preflight(sup, sup.levers)
+    refuse_if_busy(stop, current, record)
+    problems = await preflight(parts, record, record.levers)
     if problems:
         raise LeverError(problems)
 
 
-async def preflight(sup: Supervisor, levers: LeverSet) -> list[LeverProblem]:
+async def preflight(parts: Parts, record: ReadRecord, levers: LeverSet) -> list[LeverProblem]:
     """Resource problems of ``levers`` on this host (empty: it can start)."""
-    if sup.backend.name == "sglang" and not sup.schema_live:
+    if parts.backend.name == "sglang" and not parts.schema_live:
         return [
             LeverProblem(
                 "server.python",
-                f"{sup.settings.server.python} cannot run SGLang ({sup.schema_warning}); "
+                f"{parts.settings.server.python} cannot run SGLang ({parts.schema_warning}); "
                 "install SGLang there or fix server.python",
             )
         ]
     try:
-        samples, members = await asyncio.to_thread(sample_with_members, sup)
+        samples, members = await asyncio.to_thread(sample_with_members, parts, record)
     except GpuQueryError as exc:
         return [LeverProblem("gpus", f"cannot query the managed GPUs: {exc}")]
-    running = sup.state not in IDLE_STATES
+    running = record.state not in IDLE_STATES
     freed = 0
     # psutil's available RAM and the cgroup limits: /proc and /sys reads, off the loop.
-    host = await asyncio.to_thread(host_preflight.host_facts, sup.backend.simulated_host_ram_bytes)
-    pool = await asyncio.to_thread(device_pool, sup, levers)
-    if running and sup.server is not None:
+    host = await asyncio.to_thread(
+        host_preflight.host_facts, parts.backend.simulated_host_ram_bytes
+    )
+    pool = await asyncio.to_thread(device_pool, parts, record.managed, levers)
+    server = record.server  # read once: a stop may end it while the pool is computed
+    if running and server is not None:
         # What the running server's host pool frees at the stop, by SGLang's own sizing rule.
-        gpu_total = min((g.memory_total_bytes for g in sup.managed), default=0)
-        running_pool = await asyncio.to_thread(device_pool, sup, sup.server.levers)
+        gpu_total = min((g.memory_total_bytes for g in record.managed), default=0)
+        running_pool = await asyncio.to_thread(device_pool, parts, record.managed, server.levers)
         host, freed = host_preflight.running_host_pool(
-            sup.server.levers.levers, gpu_total, host, running_pool
+            server.levers.levers, gpu_total, host, running_pool
         )
-    problems = await asyncio.to_thread(state_dir_problems, sup.journal.dir, sup.journal.logs_dir)
+    problems = await asyncio.to_thread(
+        state_dir_problems, parts.journal.dir, parts.journal.logs_dir
+    )
     # A launcher that spans nodes checks what its nodes need (supervisor/slurm/launcher.py).
-    node_check = getattr(sup.procs, "preflight_problems", None)
+    node_check = getattr(parts.procs, "preflight_problems", None)
     if node_check is not None:
         found = await asyncio.to_thread(node_check, levers.levers, members)
         problems += [LeverProblem(lever, message) for lever, message in found]
     return problems + await asyncio.to_thread(
         host_preflight.check,
         levers,
-        managed=sup.managed,
+        managed=record.managed,
         samples=samples,
         member_pids=members,
-        pids_are_local=sup.probe.pids_are_local(),
+        pids_are_local=parts.probe.pids_are_local(),
         host=host,
         freed_on_stop_bytes=freed,
-        server_host=sup.settings.server.host,
-        server_port=sup.settings.server.port,
+        server_host=parts.settings.server.host,
+        server_port=parts.settings.server.port,
         port_is_ours=running,
         device_pool=pool,
-        server_cwd=sup.settings.server.cwd,
+        server_cwd=parts.settings.server.cwd,
     )
 
 
-def device_pool(sup: Supervisor, levers: LeverSet) -> DevicePool | None:
+def device_pool(parts: Parts, managed: Sequence[GpuInfo], levers: LeverSet) -> DevicePool | None:
     """One rank's device KV pool for ``levers`` when an explicit ``hicache_ratio`` needs
     it (SGLang sizes that host pool as a multiple of it), from the model the server would
     load: the backend's own (the simulated server's) or the local model directory's
@@ -155,13 +167,13 @@ def device_pool(sup: Supervisor, levers: LeverSet) -> DevicePool | None:
     lv = levers.levers
     if not lever_bool(lv, "enable_hierarchical_cache") or lever_float(lv, "hicache_ratio") is None:
         return None
-    gpu_total = min((g.memory_total_bytes for g in sup.managed), default=0)
+    gpu_total = min((g.memory_total_bytes for g in managed), default=0)
     model_path = str(lv.get("model_path") or "")
     local = Path(model_path).expanduser()
     try:
-        if sup.backend.plan_model is not None:
-            env = {**os.environ, **sup.backend.env, **levers.env}
-            model = sup.backend.plan_model(model_path, env)
+        if parts.backend.plan_model is not None:
+            env = {**os.environ, **parts.backend.env, **levers.env}
+            model = parts.backend.plan_model(model_path, env)
         elif model_path and (local / "config.json").is_file():
             model = load_model_dir(local)
         else:
@@ -172,13 +184,13 @@ def device_pool(sup: Supervisor, levers: LeverSet) -> DevicePool | None:
         return None
 
 
-def sample_with_members(sup: Supervisor) -> tuple[list[GpuSample], set[int]]:
+def sample_with_members(parts: Parts, record: ReadRecord) -> tuple[list[GpuSample], set[int]]:
     """The managed GPUs and our member pids, scanned before *and* after the sample: a
     process of ours that exits or starts meanwhile (an operation is running) is never
     mistaken for a foreign one. Blocking; raises ``GpuQueryError``."""
-    before = members_now(sup)
-    samples = sup.probe.sample(sup.gpu_indices())
-    return samples, before | members_now(sup)
+    before = members_now(parts, record)
+    samples = parts.probe.sample(record.gpu_indices())
+    return samples, before | members_now(parts, record)
 
 
 #: Free space the state directory's file system must keep: state.json and its previous
@@ -221,20 +233,20 @@ def state_dir_problems(state_dir: Path, logs_dir: Path) -> list[LeverProblem]:
     return []
 
 
-async def foreign_processes(sup: Supervisor) -> str | None:
+async def foreign_processes(parts: Parts, record: ReadRecord) -> str | None:
     """A description of processes that are not ours on the managed GPUs, or None.
 
     Raises ``GpuQueryError``: a failed query never reads as "no foreign process"."""
-    if not sup.probe.pids_are_local():
+    if not parts.probe.pids_are_local():
         return None
-    samples, members = await asyncio.to_thread(sample_with_members, sup)
+    samples, members = await asyncio.to_thread(sample_with_members, parts, record)
     return "; ".join(foreign_holders(samples, members)) or None
 
 
-async def refuse_if_foreign(sup: Supervisor, op: Operation) -> bool:
+async def refuse_if_foreign(parts: Parts, record: ReadRecord, op: Operation) -> bool:
     """Fail ``op`` (True) when a process that is not ours holds a managed GPU."""
     try:
-        foreign = await foreign_processes(sup)
+        foreign = await foreign_processes(parts, record)
     except GpuQueryError as exc:
         why = f"not starting: the managed GPUs cannot be queried: {exc}"
     else:
@@ -247,32 +259,32 @@ async def refuse_if_foreign(sup: Supervisor, op: Operation) -> bool:
     return True
 
 
-def serving_unchanged(sup: Supervisor, checked: LeverSet) -> bool:
+def serving_unchanged(record: ReadRecord, checked: LeverSet) -> bool:
     """Whether ``checked`` is exactly what the ready server serves (its launcher alive):
     an apply of it has nothing to change and restarts nothing."""
-    server = sup.server
-    if sup.state != S.READY or server is None or server.handle.poll():
+    server = record.server
+    if record.state != S.READY or server is None or server.handle.poll():
         return False
     return not server.levers.diff(checked)
 
 
-async def router_answers(sup: Supervisor) -> None:
+async def router_answers(parts: Parts, record: ServerRecord) -> None:
     """Before an apply stops anything: with ``[router]``, the router must answer its
     worker API, or the new server could never be added and the apply would roll back
     after two restarts for nothing. Raises ``LeverError`` naming the router and what it
     answered (the request's ``without_router`` skips this check)."""
-    if not sup.router.enabled:
+    if not parts.router.enabled:
         return
     try:
-        await sup.router.check()
+        await parts.router.check()
     except RouterError as exc:
-        sup.router_error = str(exc)
+        record.router_answered(str(exc))
         raise LeverError(
             [
                 LeverProblem(
                     "router",
                     f"{exc}; nothing was stopped. Fix the router ([router] url "
-                    f"{sup.settings.router.url}), or apply with without_router: true "
+                    f"{parts.settings.router.url}), or apply with without_router: true "
                     "(CLI --without-router) to change the server anyway: it then serves "
                     "outside the router until the router takes it",
                 )

@@ -9,33 +9,36 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sglang_supervisor.engine import checks, transaction
 from sglang_supervisor.engine.errors import NoSuchOperation, NotCancellable, OperationFinished
-from sglang_supervisor.engine.registry import MAX_OPERATIONS
+from sglang_supervisor.engine.parts import Parts
+from sglang_supervisor.engine.record import ReadRecord, ServerRecord
+from sglang_supervisor.engine.registry import MAX_OPERATIONS, OperationRegistry
+from sglang_supervisor.engine.stop_request import StopRequest
+from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.operations import SUCCEEDED, Operation
 from sglang_supervisor.phases import OpKind
-
-if TYPE_CHECKING:
-    from sglang_supervisor.engine.supervisor import Supervisor
+from sglang_supervisor.sglang.levers import LeverSet, canonical_names
+from sglang_supervisor.sglang.schema import FlagSchema
 
 log = logging.getLogger("supervisor")
 
 CANCEL_REASON = "cancelled by an operator (POST /operations/{id}/cancel)"
 
 
-def preempt_backoff(sup: Supervisor) -> None:
+def preempt_backoff(ops: OperationRegistry, record: ReadRecord) -> None:
     """An operator's request wins over a restart that is only waiting out its backoff."""
-    op = sup.operation
-    if op is not None and checks.backing_off(sup):
+    op = ops.current
+    if op is not None and checks.backing_off(op, record):
         # Safe to cancel: in backoff the recovery only waits (no OS step runs).
-        sup.ops.supersede(op, "superseded by an operator's request during backoff")
+        ops.supersede(op, "superseded by an operator's request during backoff")
 
 
-def request_cancel(sup: Supervisor, op_id: str) -> Operation:
+def request_cancel(events: EventBus, ops: OperationRegistry, op_id: str) -> Operation:
     """``Supervisor.request_cancel``: ask ``op_id`` to end at its next phase boundary."""
-    op = sup.ops.kept.get(op_id)
+    op = ops.kept.get(op_id)
     if op is None:
         raise NoSuchOperation(
             f"no operation {op_id!r} (the daemon keeps the last {MAX_OPERATIONS})"
@@ -47,13 +50,28 @@ def request_cancel(sup: Supervisor, op_id: str) -> Operation:
     if op.cancel_requested is None and op.cancelled is None:
         op.cancel_requested = CANCEL_REASON.format(id=op.id)
         log.warning("operation %s (%s): cancel requested", op.id, op.kind)
-        sup.events.publish("cancel", operation=op.id, op_kind=op.kind)
+        events.publish("cancel", operation=op.id, op_kind=op.kind)
         op.wake.set()
     return op
 
 
+def requested_levers(
+    schema: FlagSchema,
+    current: LeverSet,
+    levers: Mapping[str, Any],
+    env: Mapping[str, Any],
+    *,
+    replace: bool = False,
+) -> LeverSet:
+    """The set a request asks for: its names made canonical, merged onto ``current``."""
+    return current.merged(canonical_names(levers, schema), env, replace=replace)
+
+
 async def submit_apply(
-    sup: Supervisor,
+    parts: Parts,
+    record: ServerRecord,
+    stop: StopRequest,
+    ops: OperationRegistry,
     levers: Mapping[str, Any],
     env: Mapping[str, Any],
     *,
@@ -67,37 +85,40 @@ async def submit_apply(
     # A restart waiting out its backoff yields to the operator, but only once the
     # request has been found valid (below): a typo must not cancel a recovery.
     if not dry_run:
-        checks.refuse_if_busy(sup)
+        checks.refuse_if_busy(stop, ops.current, record)
     # The apply is one operation from here on: its validate and preflight phases run on
     # it, timed as they run, and count in its duration and metrics. It becomes the
     # running operation only once they pass, so a refused request leaves nothing behind.
-    op = Operation(kind=OpKind.APPLY, dry_run=dry_run, levers_before=sup.levers.to_json())
-    requested = sup.requested_levers(levers, env, replace=replace)
+    op = Operation(kind=OpKind.APPLY, dry_run=dry_run, levers_before=record.levers.to_json())
+    requested = requested_levers(parts.schema, record.levers, levers, env, replace=replace)
     # LeverError when SGLang (or a host check) refuses: nothing is touched.
-    checked, resolved, not_run = await checks.before_the_stop(sup, requested, op)
+    checked, resolved, not_run = await checks.before_the_stop(parts, record, requested, op)
     op.levers_requested = checked.to_json()
     op.not_run = not_run
     op.resolved = resolved
-    unchanged = not force_restart and checks.serving_unchanged(sup, checked)
+    unchanged = not force_restart and checks.serving_unchanged(record, checked)
     if not unchanged and not without_router:
-        await checks.router_answers(sup)  # LeverError
+        await checks.router_answers(parts, record)  # LeverError
     if dry_run:
-        sup.ops.keep(op)
+        ops.keep(op)
     else:
-        preempt_backoff(sup)
+        preempt_backoff(ops, record)
         # Busy if another started meanwhile (or the daemon began closing).
-        sup.ops.adopt(op, closing=sup.stop_request.requested)
+        ops.adopt(op, closing=stop.requested)
     if dry_run:
-        diff = sup.levers.diff(checked)
-        op.levers_effective = sup.levers.to_json()
+        diff = record.levers.diff(checked)
+        op.levers_effective = record.levers.to_json()
         op.finish(SUCCEEDED)
         op.phases[-1].detail += f"; would change {', '.join(diff) or 'nothing'}"
         if unchanged:
             op.phases[-1].detail += " (the server would not be restarted)"
         return op
     if unchanged:
-        sup.ops.run(op, transaction.keep_serving(sup, op))
+        ops.run(op, transaction.keep_serving(record, op))
         return op
-    drain = min(max(0.0, drain_timeout_s), sup.settings.timeouts.max_drain_s)
-    sup.ops.run(op, transaction.apply(sup, op, checked, drain, without_router=without_router))
+    drain = min(max(0.0, drain_timeout_s), parts.settings.timeouts.max_drain_s)
+    apply = transaction.apply(
+        parts, record, stop, op, checked, drain, without_router=without_router
+    )
+    ops.run(op, apply)
     return op

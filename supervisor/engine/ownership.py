@@ -11,27 +11,25 @@ every recovery was logged ``succeeded``.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
+from sglang_supervisor.engine.parts import Parts
+from sglang_supervisor.engine.record import ServerRecord
 from sglang_supervisor.host.backend import ServerHandle
 from sglang_supervisor.host.ports import PortsUnreadable, describe_pid
-
-if TYPE_CHECKING:
-    from sglang_supervisor.engine.supervisor import Supervisor
 
 
 def _holders_text(holders: list[int | None], port: int) -> str:
     return ", ".join(describe_pid(pid, port) for pid in holders)
 
 
-async def port_taken(sup: Supervisor) -> str | None:
+async def port_taken(parts: Parts, record: ServerRecord) -> str | None:
     """Why the server port cannot take a new launch now (None: nothing listens on it).
     Called after the old server was torn down, so any listener is not ours."""
-    s = sup.settings.server
+    s = parts.settings.server
     try:
-        holders = await asyncio.to_thread(sup.procs.port_listeners, s.host, s.port)
+        holders = await asyncio.to_thread(parts.procs.port_listeners, s.host, s.port)
     except PortsUnreadable as exc:
-        sup.warn(f"the server port's owner cannot be checked before a launch: {exc}")
+        record.warn(f"the server port's owner cannot be checked before a launch: {exc}")
         return None
     if not holders:
         return None
@@ -43,18 +41,18 @@ async def port_taken(sup: Supervisor) -> str | None:
     )
 
 
-async def foreign_listener(sup: Supervisor, handle: ServerHandle) -> str | None:
+async def foreign_listener(parts: Parts, record: ServerRecord, handle: ServerHandle) -> str | None:
     """None when the process listening on the server port is a member of ``handle``'s
     launch; else who listens there (``[]``: nobody visible yet). Blocking scans run in
     a worker thread."""
-    s = sup.settings.server
+    s = parts.settings.server
     try:
-        holders = await asyncio.to_thread(sup.procs.port_listeners, s.host, s.port)
+        holders = await asyncio.to_thread(parts.procs.port_listeners, s.host, s.port)
     except PortsUnreadable as exc:
         # Cannot tell: say so once rather than never call anything ready.
-        sup.warn(f"readiness is not checked against the port's owner: {exc}")
+        record.warn(f"readiness is not checked against the port's owner: {exc}")
         return None
-    members = await asyncio.to_thread(sup.procs.members, handle, tag=handle.tag, tag_prefix=None)
+    members = await asyncio.to_thread(parts.procs.members, handle, tag=handle.tag, tag_prefix=None)
     if any(pid is not None and pid in members for pid in holders):
         return None
     if not holders:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sglang_supervisor.engine.parts import Parts
+from sglang_supervisor.engine.record import ServerRecord
 from sglang_supervisor.sglang.levers import LeverError, LeverSet, check_levers
+from sglang_supervisor.sglang.schema import FlagSchema
 from sglang_supervisor.store import PREV_FILE, STATE_FILE, PersistedState
-
-if TYPE_CHECKING:
-    from sglang_supervisor.engine.supervisor import Supervisor
 
 log = logging.getLogger("supervisor")
 
@@ -35,11 +35,13 @@ class Choice:
     source: str | None = None
 
 
-def _fit(sup: Supervisor, choice: Choice, where: str, levers: LeverSet | None) -> LeverSet | None:
+def _fit(
+    schema: FlagSchema, choice: Choice, where: str, levers: LeverSet | None
+) -> LeverSet | None:
     if levers is None:
         return None
     try:
-        return check_levers(levers, sup.schema)
+        return check_levers(levers, schema)
     except LeverError as exc:
         choice.rejected[where] = {
             "levers": levers.to_json(),
@@ -48,41 +50,45 @@ def _fit(sup: Supervisor, choice: Choice, where: str, levers: LeverSet | None) -
         return None
 
 
-async def choose(sup: Supervisor, persisted: PersistedState) -> Choice:
+async def choose(parts: Parts, record: ServerRecord, persisted: PersistedState) -> Choice:
     """The persisted last-good and current levers that fit this SGLang: from
     ``state.json``, else (when those do not fit) from its previous copy. Misfits are kept
     and reported (``report``)."""
     choice = Choice()
-    choice.last_good = _fit(sup, choice, f"{STATE_FILE} last_good", persisted.last_good)
+    choice.last_good = _fit(parts.schema, choice, f"{STATE_FILE} last_good", persisted.last_good)
     current = (
-        None if choice.last_good else _fit(sup, choice, f"{STATE_FILE} levers", persisted.levers)
+        None
+        if choice.last_good
+        else _fit(parts.schema, choice, f"{STATE_FILE} levers", persisted.levers)
     )
     choice.source = STATE_FILE if (choice.last_good or current) else None
     if choice.rejected and choice.last_good is None and current is None:
-        previous = await sup.journal.load_previous()
+        previous = await parts.journal.load_previous()
         if previous is not None:
-            choice.last_good = _fit(sup, choice, f"{PREV_FILE} last_good", previous.last_good)
+            choice.last_good = _fit(
+                parts.schema, choice, f"{PREV_FILE} last_good", previous.last_good
+            )
             if choice.last_good is None:
-                current = _fit(sup, choice, f"{PREV_FILE} levers", previous.levers)
+                current = _fit(parts.schema, choice, f"{PREV_FILE} levers", previous.levers)
             if choice.last_good or current:
                 choice.source = PREV_FILE
     choice.levers = choice.last_good or current
     if choice.rejected:
-        await report(sup, choice)
+        await report(parts, record, choice)
     return choice
 
 
-async def report(sup: Supervisor, choice: Choice) -> None:
+async def report(parts: Parts, record: ServerRecord, choice: Choice) -> None:
     """Keep the misfits in ``state.rejected.json`` and say in /status which levers of
     which set to fix, where they are kept, and what starts instead."""
-    version = sup.schema.sglang_version
+    version = parts.schema.sglang_version
     names = sorted({p["lever"] for entry in choice.rejected.values() for p in entry["problems"]})
-    record = {
+    rejected = {
         "rejected_at": time.time(),
         "sglang_version": version,
         "sets": choice.rejected,
     }
-    kept = await sup.journal.keep_rejected(record)
+    kept = await parts.journal.keep_rejected(rejected)
     where = f"kept in {kept}" if kept is not None else "could not be kept (see the next warning)"
     sets = "; ".join(
         f"{what}: " + ", ".join(f"{p['lever']} ({p['message']})" for p in entry["problems"])
@@ -93,8 +99,8 @@ async def report(sup: Supervisor, choice: Choice) -> None:
     else:
         instead = "starting the configured levers"
     why = (
-        f"persisted levers in {sup.journal.dir} do not fit SGLang {version}: {sets}; they are "
+        f"persisted levers in {parts.journal.dir} do not fit SGLang {version}: {sets}; they are "
         f"{where}; fix {', '.join(names)} (POST /levers, or the config) — {instead}"
     )
     log.error("%s", why)
-    sup.warn(why)
+    record.warn(why)

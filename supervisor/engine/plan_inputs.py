@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sglang_supervisor.engine.parts import Parts
+from sglang_supervisor.engine.record import ReadRecord
 from sglang_supervisor.engine.server import launch_flags, server_env
 from sglang_supervisor.engine.validation import gpu_facts
 from sglang_supervisor.engine.view import SupervisorView
@@ -19,9 +21,6 @@ from sglang_supervisor.planner.stopcost import StopBudget
 from sglang_supervisor.sglang.levers import LeverSet
 from sglang_supervisor.sglang.parser import ParserUnavailable
 from sglang_supervisor.sglang.resolution import Verdict, resolve_levers
-
-if TYPE_CHECKING:
-    from sglang_supervisor.engine.supervisor import Supervisor
 
 #: SGLang's verdict on a lever set (the current levers' env; None: SGLang could not be asked).
 AskSglang = Callable[[Mapping[str, Any]], Verdict | None]
@@ -43,9 +42,9 @@ class PlanInputs:
     ask_sglang: AskSglang | None
 
 
-def plan_inputs(sup: Supervisor) -> PlanInputs:
+def plan_inputs(parts: Parts, record: ReadRecord, view: SupervisorView) -> PlanInputs:
     """``Supervisor.plan_inputs``: read everything now, on the event loop."""
-    t = sup.settings.timeouts
+    t = parts.settings.timeouts
     stop = StopBudget(
         budget_s=t.stop_budget_s,
         stop_grace_s=t.stop_grace_s,
@@ -54,20 +53,22 @@ def plan_inputs(sup: Supervisor) -> PlanInputs:
         release_s_per_pinned_gib=t.release_s_per_pinned_gib,
     )
     return PlanInputs(
-        view=sup.view(), backend=sup.backend, stop=stop, ask_sglang=_sglang_asker(sup)
+        view=view, backend=parts.backend, stop=stop, ask_sglang=_sglang_asker(parts, record)
     )
 
 
-def _sglang_asker(sup: Supervisor) -> AskSglang | None:
-    if not sup.schema_live or not sup.sglang.resolution_runs:
+def _sglang_asker(parts: Parts, record: ReadRecord) -> AskSglang | None:
+    if not parts.schema_live or not record.sglang.resolution_runs:
         return None  # the plan's notes say why (api/plan.py sglang_notes)
-    facts = gpu_facts(sup)
+    facts = gpu_facts(parts, record.managed)
     if facts is None:
         return None
-    # Bound now: the worker thread that asks reads none of the Supervisor's attributes.
-    lever_env = dict(sup.levers.env)
-    env = server_env(sup, LeverSet({}, lever_env))  # the levers' env is the current one
-    schema, server = sup.schema, sup.settings.server
+    # Bound now: the worker thread that asks reads nothing of the record or the parts.
+    lever_env = dict(record.levers.env)
+    env = server_env(
+        parts, record.managed, LeverSet({}, lever_env)
+    )  # the levers' env is the current one
+    schema, server = parts.schema, parts.settings.server
 
     def ask(levers: Mapping[str, Any]) -> Verdict | None:
         try:

@@ -11,9 +11,9 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from sglang_supervisor.engine.boundaries import Cancelled
 from sglang_supervisor.engine.errors import Busy
 from sglang_supervisor.engine.journal import Journal
-from sglang_supervisor.engine.server import Cancelled
 from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation
 from sglang_supervisor.phases import OpKind, OpState

@@ -9,112 +9,74 @@ boundary (``checkpoint``) or at the next poll of a wait, never inside a step.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import httpx
 
 from sglang_supervisor import diskspace
+from sglang_supervisor.config import ServerSettings
 from sglang_supervisor.engine import ownership
+from sglang_supervisor.engine.boundaries import (
+    Cancelled,
+    StartFailed,
+    checkpoint,
+    exit_reason,
+    pause,
+)
+from sglang_supervisor.engine.parts import Parts
+from sglang_supervisor.engine.probation import watch_probation
+from sglang_supervisor.engine.record import ServerInfo, ServerRecord
+from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.host.backend import ServerHandle
-from sglang_supervisor.host.gpu import cuda_visible_devices
+from sglang_supervisor.host.gpu import GpuInfo, cuda_visible_devices
 from sglang_supervisor.host.serverenv import server_environ
 from sglang_supervisor.observe import serverlogs
 from sglang_supervisor.observe.telemetry import tail_lines
-from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation, wall_iso
+from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation
 from sglang_supervisor.phases import PhaseName
 from sglang_supervisor.sglang.accesslog import probe_log_flags
 from sglang_supervisor.sglang.levers import LeverSet, render_argv
+from sglang_supervisor.sglang.schema import FlagSchema
 from sglang_supervisor.states import ServerState
-
-if TYPE_CHECKING:
-    from sglang_supervisor.config import ServerSettings
-    from sglang_supervisor.engine.supervisor import Supervisor
-    from sglang_supervisor.sglang.schema import FlagSchema
 
 log = logging.getLogger("supervisor")
 S = ServerState
 
 
-@dataclass
-class ServerInfo:
-    handle: ServerHandle
-    levers: LeverSet
-    started_at: str = field(default_factory=wall_iso)
-    ready_at: str | None = None
-    max_total_num_tokens: int | None = None
-
-
-class StartFailed(Exception):
-    """A launch did not become ready; the message says why (exit status, OOM, timeout)."""
-
-
-class Cancelled(Exception):
-    """A shutdown or an operator's cancel, noticed at a phase boundary."""
-
-    def __init__(self, reason: str, *, shutdown: bool) -> None:
-        super().__init__(reason)
-        self.shutdown = shutdown
-
-
-SHUTDOWN_REASON = "the daemon was shut down during the operation"
-
-
-def checkpoint(sup: Supervisor, op: Operation) -> None:
-    """A phase boundary: raise ``Cancelled`` when a shutdown or a cancel is pending.
-
-    An operator's cancel is honoured once (``op.cancelled`` records it), so the rollback
-    that follows runs to its end; a shutdown is honoured at every boundary.
-    """
-    if sup.stop_request.requested:
-        raise Cancelled(SHUTDOWN_REASON, shutdown=True)
-    reason = op.cancel_requested
-    if reason is not None:
-        op.cancel_requested = None
-        op.cancelled = reason
-        op.wake.clear()
-        raise Cancelled(reason, shutdown=False)
-
-
-async def pause(sup: Supervisor, op: Operation, seconds: float) -> None:
-    """Sleep ``seconds``, ending early (``Cancelled``) on a shutdown or cancel request."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(op.wake.wait(), seconds)
-    checkpoint(sup, op)
-
-
 # ---------------------------------------------------------------------- launch
 
 
-def flags(sup: Supervisor, levers: LeverSet) -> list[str]:
+def flags(parts: Parts, levers: LeverSet) -> list[str]:
     """The server's flags: the levers, then the ones the supervisor owns."""
-    return launch_flags(levers, sup.schema, sup.settings.server)
+    return launch_flags(levers, parts.schema, parts.settings.server)
 
 
 def launch_flags(levers: LeverSet, schema: FlagSchema, server: ServerSettings) -> list[str]:
-    """``flags`` from its parts (no ``Supervisor``: safe in a worker thread)."""
+    """``flags`` from what it reads (safe in a worker thread)."""
     owned = ["--host", server.host, "--port", str(server.port), "--enable-metrics"]
     # The daemon's probes stay out of SGLang's access log unless the levers say otherwise.
     return [*render_argv(levers, schema), *probe_log_flags(levers.levers, schema), *owned]
 
 
-def server_env(sup: Supervisor, levers: LeverSet) -> dict[str, str]:
+def server_env(parts: Parts, managed: Sequence[GpuInfo], levers: LeverSet) -> dict[str, str]:
     """The server's environment: the daemon's (less its own settings), the backend's,
     the levers', and the managed GPUs by UUID."""
-    env = server_environ(os.environ, sup.settings.state_dir)
-    env.update(sup.backend.env)
+    env = server_environ(os.environ, parts.settings.state_dir)
+    env.update(parts.backend.env)
     env.update(levers.env)
-    env.update(cuda_visible_devices(sup.managed)[1])
+    env.update(cuda_visible_devices(list(managed))[1])
     return env
 
 
 async def launch_until_ready(
-    sup: Supervisor,
+    parts: Parts,
+    record: ServerRecord,
+    stop: StopRequest,
     op: Operation,
     levers: LeverSet,
     *,
@@ -128,42 +90,44 @@ async def launch_until_ready(
     ph = op.phase(phase)
     handle: ServerHandle | None = None
     try:
-        checkpoint(sup, op)
-        tag = f"{sup.tag_prefix}{uuid.uuid4().hex[:12]}"
+        checkpoint(stop, op)
+        tag = f"{parts.tag_prefix}{uuid.uuid4().hex[:12]}"
         # Microseconds in the name keep launches in order even within one second.
         now = time.time()
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
-        log_path = sup.journal.logs_dir / f"server-{stamp}-{tag.rsplit('.', 1)[-1]}.log"
-        # The levers being launched live in sup.server; sup.levers changes only at commit.
-        sup.transition(S.STARTING, f"{op.kind} {op.id}: levers {levers.digest()}")
+        log_path = parts.journal.logs_dir / f"server-{stamp}-{tag.rsplit('.', 1)[-1]}.log"
+        # The levers being launched live in record.server; record.levers changes only at commit.
+        record.transition(S.STARTING, f"{op.kind} {op.id}: levers {levers.digest()}")
         await asyncio.to_thread(
-            serverlogs.prune, sup.journal.logs_dir, sup.settings.server.log_keep_launches - 1
+            serverlogs.prune, parts.journal.logs_dir, parts.settings.server.log_keep_launches - 1
         )
-        argv = [*sup.backend.command, *flags(sup, levers)]
-        taken = await ownership.port_taken(sup)
+        argv = [*parts.backend.command, *flags(parts, levers)]
+        taken = await ownership.port_taken(parts, record)
         if taken is not None:
             op.rollback_reason = taken
             ph.end(FAILED, taken)
             return False
         try:
             handle = await asyncio.to_thread(
-                sup.procs.spawn, argv, server_env(sup, levers), tag=tag, log_path=log_path
+                parts.procs.spawn,
+                argv,
+                server_env(parts, record.managed, levers),
+                tag=tag,
+                log_path=log_path,
             )
         except OSError as exc:
             op.rollback_reason = str(exc)
             ph.end(FAILED, str(exc))
             return False
         # Recorded before anything else can happen: a shutdown's teardown finds it.
-        sup.server = ServerInfo(handle=handle, levers=levers)
-        await sup.journal.record_launch(handle, levers)
-        sup.events.publish("launch", operation=op.id, pid=handle.pid, tag=tag, log=str(log_path))
-        await wait_ready(sup, op, handle)
+        record.server_started(ServerInfo(handle=handle, levers=levers))
+        await parts.journal.record_launch(handle, levers)
+        parts.events.publish("launch", operation=op.id, pid=handle.pid, tag=tag, log=str(log_path))
+        await wait_ready(parts, record, stop, op, handle)
         ph.end(SUCCEEDED, f"pid {handle.pid} ready")
-        if probation and sup.settings.timeouts.probation_s > 0:
-            from sglang_supervisor.engine.probation import watch_probation  # it uses this module
-
+        if probation and parts.settings.timeouts.probation_s > 0:
             ph = op.phase(PhaseName.PROBATION)
-            await watch_probation(sup, op, handle)
+            await watch_probation(parts, record, stop, op, handle)
             ph.end(SUCCEEDED, f"pid {handle.pid} still serving")
     except StartFailed as exc:
         op.rollback_reason = str(exc)
@@ -187,12 +151,14 @@ async def launch_until_ready(
     return True
 
 
-async def wait_ready(sup: Supervisor, op: Operation, handle: ServerHandle) -> None:
+async def wait_ready(
+    parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation, handle: ServerHandle
+) -> None:
     """starting -> ready once /health_generate answers 200. Raises ``StartFailed`` when
     the launcher exits or ``ready_timeout_s`` passes; ``Cancelled`` at the next poll after
     a cancel or shutdown request."""
-    t = sup.settings.timeouts
-    t0 = sup.clock()
+    t = parts.settings.timeouts
+    t0 = parts.clock()
     deadline = t0 + t.ready_timeout_s
     impostor: str | None = None  # who answered 200 without being this launch
     while True:
@@ -201,8 +167,8 @@ async def wait_ready(sup: Supervisor, op: Operation, handle: ServerHandle) -> No
             if impostor is not None:
                 why += f"; meanwhile /health_generate was answered by another process: {impostor}"
             raise StartFailed(why)
-        checkpoint(sup, op)
-        remaining = deadline - sup.clock()
+        checkpoint(stop, op)
+        remaining = deadline - parts.clock()
         if remaining <= 0:
             if impostor is not None:
                 raise StartFailed(
@@ -213,47 +179,47 @@ async def wait_ready(sup: Supervisor, op: Operation, handle: ServerHandle) -> No
                 f"not ready after {t.ready_timeout_s:g}s (ready_timeout_s): "
                 f"/health_generate never answered 200; pid {handle.pid} was still running"
             )
-        probe = await sup.health.generate_ok(sup.url, min(5.0, max(0.5, remaining)))
+        probe = await parts.health.generate_ok(parts.url, min(5.0, max(0.5, remaining)))
         if probe.ok:
             # A 200 counts only from a listener of this launch (another process on the
             # port would answer for a launch whose own bind failed).
-            other = await ownership.foreign_listener(sup, handle)
+            other = await ownership.foreign_listener(parts, record, handle)
             if other is None:
                 break
             impostor = other
         # Probing often keeps the lag between "ready" and noticing it short; after the
         # first 10 s (a real model load takes minutes) a tenth of the rate is enough.
-        interval = t.readiness_poll_s if sup.clock() - t0 < 10 else t.readiness_poll_s * 10
-        await pause(sup, op, min(interval, sup.poll_s * 5))
+        interval = t.readiness_poll_s if parts.clock() - t0 < 10 else t.readiness_poll_s * 10
+        await pause(stop, op, min(interval, parts.poll_s * 5))
     info: dict[str, Any] = {}
     try:
-        info = await sup.health.server_info(sup.url, 5.0)
+        info = await parts.health.server_info(parts.url, 5.0)
     except (httpx.HTTPError, OSError, ValueError) as exc:
         # Only a figure for /status is missing; a bug (TypeError...) is not hidden.
         log.warning("pid %s is ready, but /server_info did not answer: %s", handle.pid, exc)
-    assert sup.server is not None
-    sup.server.ready_at = wall_iso()
     tokens = info.get("max_total_num_tokens")
-    sup.server.max_total_num_tokens = int(tokens) if isinstance(tokens, (int, float)) else None
-    sup.watch.reset_liveness()
-    sup.transition(
-        S.READY, f"pid {handle.pid} answered /health_generate after {sup.clock() - t0:.1f}s"
+    # A new server is ready: the watcher counts its liveness afresh (it tracks the server).
+    record.server_ready(int(tokens) if isinstance(tokens, (int, float)) else None)
+    record.transition(
+        S.READY, f"pid {handle.pid} answered /health_generate after {parts.clock() - t0:.1f}s"
     )
-    await sup.journal.record_ready()
+    await parts.journal.record_ready()
 
 
-async def judge_hung(sup: Supervisor, op: Operation, handle: ServerHandle, detail: str) -> None:
+async def judge_hung(
+    parts: Parts, stop: StopRequest, op: Operation, handle: ServerHandle, detail: str
+) -> None:
     """A server that had been ready does not answer now (found at a daemon's start-up):
     hung or only busy? The liveness rules decide — ``liveness_failures`` failed probes in
     a row, ``liveness_interval_s`` apart — not a start's whole ``ready_timeout_s``.
     Returns once it answers; raises ``StartFailed`` (hung) or ``Cancelled``."""
-    t = sup.settings.timeouts
+    t = parts.settings.timeouts
     failures = 1  # the probe that found it not answering
     while failures < t.liveness_failures:
-        await pause(sup, op, t.liveness_interval_s)
+        await pause(stop, op, t.liveness_interval_s)
         if handle.poll():
             raise StartFailed(await exit_reason(handle, "while being adopted"))
-        probe = await sup.health.generate_ok(sup.url, t.liveness_timeout_s)
+        probe = await parts.health.generate_ok(parts.url, t.liveness_timeout_s)
         if probe.ok:
             return
         failures += 1
@@ -262,19 +228,3 @@ async def judge_hung(sup: Supervisor, op: Operation, handle: ServerHandle, detai
         f"hung: pid {handle.pid} had been ready but failed {failures} liveness probes in a "
         f"row at adoption (last: {detail})"
     )
-
-
-async def exit_reason(handle: ServerHandle, when: str) -> str:
-    """Why the launcher exited, with what its log says (OOM, rejected arguments)."""
-    why = f"the server (pid {handle.pid}) {handle.describe_exit()} {when}"
-    tail = await asyncio.to_thread(tail_lines, handle.log_path, 60)
-    text = "\n".join(tail).lower()
-    if "out of memory" in text or "outofmemoryerror" in text:
-        why += (
-            "; its log reports CUDA out of memory: lower mem_fraction_static "
-            "(or max_running_requests / chunked_prefill_size)"
-        )
-    elif "error: unrecognized arguments" in text or "error: argument" in text:
-        line = next((ln for ln in reversed(tail) if "error:" in ln), "")
-        why += f"; it rejected its arguments: {line.strip()}"
-    return why

@@ -8,117 +8,120 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sglang_supervisor.engine import persisted as persisted_levers
 from sglang_supervisor.engine import routing
+from sglang_supervisor.engine.boundaries import Cancelled, StartFailed, checkpoint
 from sglang_supervisor.engine.checks import refuse_if_foreign
+from sglang_supervisor.engine.parts import Parts, SchemaFacts
 from sglang_supervisor.engine.probation import watch_probation
+from sglang_supervisor.engine.record import ServerInfo, ServerRecord
 from sglang_supervisor.engine.release import members_now, stop_and_release, teardown
 from sglang_supervisor.engine.rollback import roll_back
-from sglang_supervisor.engine.server import (
-    Cancelled,
-    ServerInfo,
-    StartFailed,
-    checkpoint,
-    judge_hung,
-    launch_until_ready,
-    wait_ready,
-)
+from sglang_supervisor.engine.server import judge_hung, launch_until_ready, wait_ready
 from sglang_supervisor.engine.sglang_info import after_schema
+from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.engine.transaction import commit, recover
 from sglang_supervisor.engine.validation import check_sglang, gpu_facts, warm_resolution
 from sglang_supervisor.host.backend import ServerHandle
-from sglang_supervisor.host.gpu import GpuInfo, GpuQueryError, resolve_gpus
+from sglang_supervisor.host.gpu import GpuInfo, GpuProbe, GpuQueryError, resolve_gpus
 from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
 from sglang_supervisor.phases import PhaseName, PhasePrefix, prefixed
 from sglang_supervisor.sglang.levers import LeverError, LeverSet, check_levers
 from sglang_supervisor.states import ServerState
 from sglang_supervisor.store import RecordedServer
 
-if TYPE_CHECKING:
-    from sglang_supervisor.engine.supervisor import Supervisor
-
 log = logging.getLogger("supervisor")
 S = ServerState
 
 
-async def prepare(sup: Supervisor) -> None:
-    """Read the state, the live schema and the GPUs; choose the levers to start with.
+async def prepare(parts: Parts, record: ServerRecord, stop: StopRequest) -> asyncio.Task[None]:
+    """Read the state, the live schema (learned here, once) and the GPUs; choose the
+    levers to start with. Returns start-up's check of the SGLang that answers
+    validation (its resolution helper imports it: seconds), still running.
 
     Raises ``ValueError`` (bad config: unknown GPU, invalid initial levers) before
     anything is started.
     """
-    sup.loading = f"the state in {sup.journal.dir}"
-    persisted = await sup.journal.load()
-    if sup.schema_loader is not None:
-        sup.loading = (
-            f"SGLang's flag schema from {sup.settings.server.python} (imports SGLang the "
+    record.loading_now(f"the state in {parts.journal.dir}")
+    persisted = await parts.journal.load()
+    if parts.schema_loader is not None:
+        record.loading_now(
+            f"SGLang's flag schema from {parts.settings.server.python} (imports SGLang the "
             "first time: seconds)"
         )
         loaded = await asyncio.to_thread(
-            sup.schema_loader, sup.settings.server.python, sup.journal.dir / "schema-cache"
+            parts.schema_loader, parts.settings.server.python, parts.journal.dir / "schema-cache"
         )
-        sup.schema, sup.schema_live = loaded.schema, loaded.live
-        sup.schema_warning = loaded.warning
+        parts.learned.learn(SchemaFacts(loaded.schema, loaded.live, loaded.warning))
         if loaded.warning:
             log.warning("%s", loaded.warning)
-            sup.warn(loaded.warning)
-    sup.loading = "the managed GPUs"
-    sup.managed = await asyncio.to_thread(resolve_managed, sup, sup.settings.server.gpus)
-    sup.loading = "the levers to start with"
+            record.warn(loaded.warning)
+    record.loading_now("the managed GPUs")
+    managed = await asyncio.to_thread(resolve_managed, parts.probe, parts.settings.server.gpus)
+    record.gpus_resolved(managed)
+    record.loading_now("the levers to start with")
     # Persisted levers were checked against the SGLang of their day: check them again
     # against this one (an upgrade may have renamed a flag); misfits are kept, not lost.
-    choice = await persisted_levers.choose(sup, persisted)
-    sup.last_good = choice.last_good
+    choice = await persisted_levers.choose(parts, record, persisted)
     initial = choice.levers
     if initial is None:
-        configured = LeverSet(sup.settings.server.levers, sup.settings.server.env)
+        configured = LeverSet(parts.settings.server.levers, parts.settings.server.env)
         try:
-            initial = check_levers(configured, sup.schema)
+            initial = check_levers(configured, parts.schema)
         except LeverError as exc:
             raise ValueError(f"the configured initial levers are invalid: {exc}") from exc
-    sup.levers = initial
-    sup.sglang = after_schema(
-        sup.schema.sglang_version, sup.schema_live, sup.schema_warning, gpu_facts(sup) is not None
+    record.chose_levers(initial, choice.last_good)
+    gpus_known = gpu_facts(parts, record.managed) is not None
+    record.sglang_learned(
+        after_schema(
+            parts.schema.sglang_version, parts.schema_live, parts.schema_warning, gpus_known
+        )
     )
-    await warm_resolution(sup)
+    await warm_resolution(parts, record)
     # Which SGLang answers, and whether its resolution can run, once its helper has
     # imported it (seconds): /status says "checking" meanwhile.
-    sup.sglang_check = asyncio.create_task(check_sglang(sup))
-    sup.loading = None
-    if not sup.probe.pids_are_local():
-        sup.warn(
+    check = asyncio.create_task(check_sglang(parts, record, stop))
+    record.loading_now(None)
+    if not parts.probe.pids_are_local():
+        record.warn(
             "GPU process ids come from another PID namespace (a container without the "
             "host's PID namespace): membership by pid is impossible, so release is "
             "decided by GPU memory alone"
         )
+    return check
 
 
-def resolve_managed(sup: Supervisor, names: list[str]) -> list[GpuInfo]:
+def resolve_managed(probe: GpuProbe, names: list[str]) -> list[GpuInfo]:
     """The managed GPUs: those named (index or UUID), or every GPU the probe sees."""
-    return resolve_gpus(sup.probe, names or [str(d.index) for d in sup.probe.devices()])
+    return resolve_gpus(probe, names or [str(d.index) for d in probe.devices()])
 
 
-async def initial_start(sup: Supervisor, op: Operation) -> None:
+async def initial_start(
+    parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation
+) -> None:
     """Adopt the recorded server if it is healthy; else clear leftovers and launch."""
-    persisted = sup.journal.recorded
-    record = persisted.server
+    persisted = parts.journal.recorded
+    recorded = persisted.server
     # An operator's stop that the last daemon did not finish (it died mid-stop) is
     # finished, not undone: its server is torn down with the leftovers below.
-    if record is not None and persisted.stopped_by is None and await try_adopt(sup, op, record):
+    if (
+        recorded is not None
+        and persisted.stopped_by is None
+        and await try_adopt(parts, record, stop, op, recorded)
+    ):
         return
     # Leftovers of an earlier daemon (same instance tag) go first, so the baseline is
     # measured with nothing of ours on the GPUs.
-    members = await asyncio.to_thread(members_now, sup)
+    members = await asyncio.to_thread(members_now, parts, record)
     try:
         if members:
-            await clear_leftovers(sup, op, members)
-        await measure_baseline(sup)
+            await clear_leftovers(parts, record, stop, op, members)
+        await measure_baseline(parts, record)
     except StartFailed as exc:
         op.finish(FAILED, str(exc))
         return
-    checkpoint(sup, op)
+    checkpoint(stop, op)
     if persisted.stopped_by is not None:
         op.phase(PhaseName.START).end(
             SUCCEEDED,
@@ -127,7 +130,7 @@ async def initial_start(sup: Supervisor, op: Operation) -> None:
         )
         op.finish(SUCCEEDED)
         return
-    if await refuse_if_foreign(sup, op):
+    if await refuse_if_foreign(parts, record, op):
         return
     pending = persisted.pending_operation
     if pending is not None:
@@ -136,18 +139,20 @@ async def initial_start(sup: Supervisor, op: Operation) -> None:
             f"apply {pending.get('id')} was interrupted by the daemon's exit; "
             "starting the last-good levers",
         )
-        await sup.journal.clear_pending(save=False)
-    if not await launch_until_ready(sup, op, sup.levers, probation=False):
+        await parts.journal.clear_pending(save=False)
+    if not await launch_until_ready(parts, record, stop, op, record.levers, probation=False):
         if op.cancelled is not None:
-            await cancelled_start_up(sup, op)
+            await cancelled_start_up(parts, record, stop, op)
         else:
-            await recover(sup, op, op.rollback_reason or "the initial start failed")
+            await recover(parts, record, stop, op, op.rollback_reason or "the initial start failed")
         return
-    await routing.join(sup, op)
-    await commit(sup, op, sup.levers)
+    await routing.join(parts, record, op)
+    await commit(parts, record, op, record.levers)
 
 
-async def cancelled_start_up(sup: Supervisor, op: Operation) -> None:
+async def cancelled_start_up(
+    parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation
+) -> None:
     """An operator cancelled the daemon's own start-up launch: that is a stop, not a
     crash. Tear it down, stay stopped (across daemon restarts too, as after a stop) and
     say so; nothing is relaunched."""
@@ -155,15 +160,17 @@ async def cancelled_start_up(sup: Supervisor, op: Operation) -> None:
         f"{op.cancelled}: the start-up launch was torn down and the server stays stopped; "
         "POST /start to start it"
     )
-    await sup.journal.record_operator_stop(op.id)
-    if await stop_and_release(sup, op, why, S.STOPPED, prefix=PhasePrefix.CLEANUP):
+    await parts.journal.record_operator_stop(op.id)
+    if await stop_and_release(parts, record, stop, op, why, S.STOPPED, prefix=PhasePrefix.CLEANUP):
         op.levers_effective = None
         op.finish(FAILED, why)
     else:
-        op.finish(FAILED, f"{why}; then the server could not be released: {sup.state_reason}")
+        op.finish(FAILED, f"{why}; then the server could not be released: {record.state_reason}")
 
 
-async def try_adopt(sup: Supervisor, op: Operation, record: RecordedServer) -> bool:
+async def try_adopt(
+    parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation, recorded: RecordedServer
+) -> bool:
     """Keep a server an earlier daemon left running, if it is healthy: no reload.
 
     Adopted when its launcher (same pid *and* create time) answers /health_generate,
@@ -171,78 +178,82 @@ async def try_adopt(sup: Supervisor, op: Operation, record: RecordedServer) -> b
     that is not ready yet is torn down instead (the last-good levers start).
     """
     handle = await asyncio.to_thread(
-        sup.procs.adopt, record.pid, record.create_time, record.tag, Path(record.log_path)
+        parts.procs.adopt, recorded.pid, recorded.create_time, recorded.tag, Path(recorded.log_path)
     )
     if handle is None:
         return False
-    levers = LeverSet.from_json(record.levers)
-    probe = await sup.health.generate_ok(sup.url, 5.0)
-    interrupted_apply = sup.last_good is not None and levers != sup.last_good
+    levers = LeverSet.from_json(recorded.levers)
+    probe = await parts.health.generate_ok(parts.url, 5.0)
+    interrupted_apply = record.last_good is not None and levers != record.last_good
     if interrupted_apply and not probe.ok:
         return False
     ph = op.phase(PhaseName.ADOPT)
     others = await asyncio.to_thread(
-        sup.procs.members, None, tag=None, tag_prefix=sup.tag_prefix, exclude_tag=record.tag
+        parts.procs.members, None, tag=None, tag_prefix=parts.tag_prefix, exclude_tag=recorded.tag
     )
     if others:
-        report = await teardown(sup, None, exclude_tag=record.tag)
+        report = await teardown(parts, stop, None, exclude_tag=recorded.tag)
         op.phase(prefixed(PhasePrefix.LEFTOVERS, PhaseName.STOP)).end(
             SUCCEEDED if report.clean else FAILED, f"other launches: {report.describe()}"
         )
-    if sup.journal.recorded.baseline is not None:
-        sup.baseline = dict(sup.journal.recorded.baseline)
+    if parts.journal.recorded.baseline is not None:
+        record.baseline_measured(parts.journal.recorded.baseline)
     else:
-        sup.baseline = {g.index: 0 for g in sup.managed}
-        sup.warn("no recorded GPU baseline: release is judged against 0 bytes + tolerance")
-    sup.server = ServerInfo(handle=handle, levers=levers)
-    sup.transition(
+        record.baseline_measured({g.index: 0 for g in record.managed})
+        record.warn("no recorded GPU baseline: release is judged against 0 bytes + tolerance")
+    record.server_started(ServerInfo(handle=handle, levers=levers))
+    record.transition(
         S.STARTING,
-        f"adopting pid {record.pid} (launch {record.tag}) left running by an earlier daemon",
+        f"adopting pid {recorded.pid} (launch {recorded.tag}) left running by an earlier daemon",
     )
     try:
-        if not probe.ok and record.ready:
-            await judge_hung(sup, op, handle, probe.detail)
-        await wait_ready(sup, op, handle)
+        if not probe.ok and recorded.ready:
+            await judge_hung(parts, stop, op, handle, probe.detail)
+        await wait_ready(parts, record, stop, op, handle)
     except StartFailed as exc:
         ph.end(FAILED, str(exc))
-        await recover(sup, op, str(exc))
+        await recover(parts, record, stop, op, str(exc))
         return True
     except Cancelled as exc:  # an operator would rather act than wait for it
         if exc.shutdown:
             raise
         ph.end(FAILED, str(exc))
-        why = f"{exc}; pid {record.pid} was torn down: POST /start or /levers"
-        await stop_and_release(sup, op, why, S.STOPPED, prefix=PhasePrefix.CLEANUP)
+        why = f"{exc}; pid {recorded.pid} was torn down: POST /start or /levers"
+        await stop_and_release(parts, record, stop, op, why, S.STOPPED, prefix=PhasePrefix.CLEANUP)
         op.finish(FAILED, why)
         return True
-    ph.end(SUCCEEDED, f"pid {record.pid} adopted: no restart, levers {levers.digest()}")
-    if interrupted_apply and not await finish_probation(sup, op, handle):
+    ph.end(SUCCEEDED, f"pid {recorded.pid} adopted: no restart, levers {levers.digest()}")
+    if interrupted_apply and not await finish_probation(parts, record, stop, op, handle):
         return True
-    await routing.join(sup, op)  # make sure the router lists it (a no-op when it does)
-    if sup.last_good is None or interrupted_apply:
+    await routing.join(parts, record, op)  # make sure the router lists it (a no-op when it does)
+    if record.last_good is None or interrupted_apply:
         # The interrupted apply had reached ready and passed its probation: finish it.
-        await commit(sup, op, levers)
+        await commit(parts, record, op, levers)
     else:
-        await sup.journal.clear_pending()
+        await parts.journal.clear_pending()
         op.levers_effective = levers.to_json()
         op.finish(SUCCEEDED)
     return True
 
 
-async def finish_probation(sup: Supervisor, op: Operation, handle: ServerHandle) -> bool:
+async def finish_probation(
+    parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation, handle: ServerHandle
+) -> bool:
     """The interrupted apply's server is ready, but its probation never ended: watch it
     for the whole window now; untested levers never become last-good. On a failure or an
     operator's cancel, roll back to the last-good levers and clear the pending apply
     (False)."""
-    if sup.settings.timeouts.probation_s <= 0:
+    if parts.settings.timeouts.probation_s <= 0:
         return True
     ph = op.phase(PhaseName.PROBATION)
     try:
-        await watch_probation(sup, op, handle)
+        await watch_probation(parts, record, stop, op, handle)
     except StartFailed as exc:
         ph.end(FAILED, str(exc))
-        await roll_back(sup, op, f"the interrupted apply's new server failed probation: {exc}")
-        await sup.journal.clear_pending()
+        await roll_back(
+            parts, record, stop, op, f"the interrupted apply's new server failed probation: {exc}"
+        )
+        await parts.journal.clear_pending()
         return False
     except Cancelled as exc:
         if exc.shutdown:
@@ -250,39 +261,43 @@ async def finish_probation(sup: Supervisor, op: Operation, handle: ServerHandle)
         # Cancelled like any apply's probation, whoever started it: the untested levers
         # are rolled back and the pending apply cleared (else the next daemon commits them).
         ph.end(FAILED, f"{exc} while pid {handle.pid} was in probation")
-        await roll_back(sup, op, f"the interrupted apply's probation: {exc}")
-        await sup.journal.clear_pending()
+        await roll_back(parts, record, stop, op, f"the interrupted apply's probation: {exc}")
+        await parts.journal.clear_pending()
         return False
     ph.end(SUCCEEDED, f"pid {handle.pid} still serving")
     return True
 
 
-async def clear_leftovers(sup: Supervisor, op: Operation, members: set[int]) -> None:
+async def clear_leftovers(
+    parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation, members: set[int]
+) -> None:
     """stopped -> stopping -> releasing -> stopped for processes an earlier daemon left
     (``stop_and_release``; raises ``StartFailed`` when they could not be released).
 
     No baseline exists yet, so release here means: no member pid on any managed GPU
     (``stop_and_release``'s rule for GPUs without a baseline).
     """
-    sup.baseline = {}  # none measured yet (measure_baseline comes next)
+    record.baseline_measured({})  # none measured yet (measure_baseline comes next)
     reason = f"leftover processes of this instance: {sorted(members)}"
-    if not await stop_and_release(sup, op, reason, S.STOPPED, prefix=PhasePrefix.LEFTOVERS):
-        raise StartFailed(f"leftovers could not be cleared: {sup.state_reason}")
-    if not sup.probe.pids_are_local():
+    if not await stop_and_release(
+        parts, record, stop, op, reason, S.STOPPED, prefix=PhasePrefix.LEFTOVERS
+    ):
+        raise StartFailed(f"leftovers could not be cleared: {record.state_reason}")
+    if not parts.probe.pids_are_local():
         # Without local pids the GPUs cannot tell us the leftovers are gone, and the
         # baseline measured next may include what they held: say so.
-        sup.warn(
+        record.warn(
             f"leftovers {sorted(members)} were torn down, but with GPU pids from another "
             "PID namespace their release could not be verified on the GPUs"
         )
 
 
-async def measure_baseline(sup: Supervisor) -> None:
+async def measure_baseline(parts: Parts, record: ServerRecord) -> None:
     """GPU memory in use with nothing of ours running (foreign processes included:
     release waits for *our* memory only)."""
     try:
-        samples = await asyncio.to_thread(sup.probe.sample, sup.gpu_indices())
+        samples = await asyncio.to_thread(parts.probe.sample, record.gpu_indices())
     except GpuQueryError as exc:
         raise StartFailed(f"cannot read the managed GPUs: {exc}") from exc
-    sup.baseline = {s.index: s.memory_used_bytes for s in samples}
-    sup.journal.record_baseline(sup.baseline)
+    record.baseline_measured({s.index: s.memory_used_bytes for s in samples})
+    parts.journal.record_baseline(dict(record.baseline))

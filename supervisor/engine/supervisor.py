@@ -1,5 +1,7 @@
-"""The Supervisor: the facade the API drives, and the one place the state changes (its
-operations are kept by ``registry``).
+"""The Supervisor: the facade the API drives. It builds the steps' collaborators
+(``Parts``), the server record (``ServerRecord``: the one writer of the server's facts)
+and the shutdown request (``StopRequest``), and hands them to each step; its operations
+are kept by ``registry``.
 
 Everything runs on one asyncio loop; whatever blocks (signals and waits on processes,
 GPU probing, disk writes) runs in a worker thread, so the API stays responsive. Exactly
@@ -12,48 +14,46 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from sglang_supervisor.config import Settings, instance_tag_prefix
 from sglang_supervisor.engine import checks, operator_requests, rollback, startup, transaction
+from sglang_supervisor.engine.facade import SupervisorReads
 from sglang_supervisor.engine.journal import Journal
+from sglang_supervisor.engine.parts import Learned, Parts, SchemaLoader
 from sglang_supervisor.engine.plan_inputs import PlanInputs, plan_inputs
+from sglang_supervisor.engine.record import ServerRecord, TransitionHook
 from sglang_supervisor.engine.registry import OperationRegistry
 from sglang_supervisor.engine.release import teardown_budget
-from sglang_supervisor.engine.server import ServerInfo
-from sglang_supervisor.engine.sglang_info import SglangInfo
-from sglang_supervisor.engine.sglang_info import before_start as sglang_before_start
 from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.engine.view import MembersCache, SupervisorView, gpu_status, snapshot
 from sglang_supervisor.engine.watch import Watcher
 from sglang_supervisor.host.backend import Backend, ProcessOps
-from sglang_supervisor.host.gpu import GpuInfo, GpuSample
+from sglang_supervisor.host.gpu import GpuSample
 from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.observe.health import HealthChecker
 from sglang_supervisor.observe.history import LoadHistory
-from sglang_supervisor.observe.telemetry import Throughput
 from sglang_supervisor.operations import Operation
 from sglang_supervisor.phases import OpKind
 from sglang_supervisor.planner.diagnosis import Diagnoser
-from sglang_supervisor.sglang.levers import LeverSet, canonical_names
-from sglang_supervisor.sglang.parser import LoadedSchema
+from sglang_supervisor.sglang.levers import LeverSet
 from sglang_supervisor.sglang.resolution import default_resolver
 from sglang_supervisor.sglang.router import NoRouter, WorkerLink
 from sglang_supervisor.sglang.schema import FlagSchema
-from sglang_supervisor.states import ServerState, check_transition
+from sglang_supervisor.states import ServerState
 from sglang_supervisor.store import Store
 
 log = logging.getLogger("supervisor")
 S = ServerState
 
-TransitionHook = Callable[[ServerState, ServerState, str], None]
 
+class Supervisor(SupervisorReads):
+    """Owns one SGLang server: its processes, its GPUs, its levers.
 
-class Supervisor:
-    """Owns one SGLang server: its processes, its GPUs, its levers."""
+    ``parts`` (fixed), ``record`` (the server's changing facts, written by its own
+    methods only) and ``stop_request`` are what the steps take; ``SupervisorReads``
+    gives readers read-only properties over them."""
 
     def __init__(
         self,
@@ -66,71 +66,38 @@ class Supervisor:
         store: Store,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = 0.1,
-        schema_loader: Callable[[str, Path], LoadedSchema] | None = None,
+        schema_loader: SchemaLoader | None = None,
         router: WorkerLink | None = None,
     ) -> None:
-        self.settings = settings
-        self.backend = backend
-        self.probe = backend.probe
-        self.procs = procs
-        self.health = health
-        self.schema = schema
-        #: Reads the live schema from settings.server.python at start (None: keep ``schema``).
-        self.schema_loader = schema_loader
-        self.journal = Journal(store, self.warn)
-        self.clock = clock
-        self.poll_s = poll_s
-        self.events = EventBus()
-        self.on_transition: list[TransitionHook] = []
-        self.ops = OperationRegistry(self.events, self.journal, self._contain)
-
-        self.state = S.STOPPED
-        self.state_since = clock()
-        self.state_reason = "daemon started"
-        self.levers = LeverSet()
-        self.last_good: LeverSet | None = None
-        self.server: ServerInfo | None = None
-        self.managed: list[GpuInfo] = []
-        self.baseline: dict[int, int] = {}
-        self.throughput = Throughput()
-        #: The load of the last hour and its diagnosis (observe.history, planner.diagnosis).
-        self.history = LoadHistory()
-        self.diagnoser = Diagnoser(settings.timeouts.diagnosis_hold_s, clock=clock)
-        self.restarts = 0
-        self.restarts_by_reason: dict[str, int] = {}
-        self.crash_times: deque[float] = deque()
-        self.warnings: list[str] = []
-        #: Whether SGLang's own parser (in settings.server.python) validates levers too.
-        self.schema_live = False
-        #: Why SGLang's own parser is not used (None when it is).
-        self.schema_warning: str | None = None
-        #: Which SGLang answers validation, and whether its resolution runs (/status).
-        self.sglang: SglangInfo = sglang_before_start()
-        #: Start-up's check of that SGLang (its resolution helper imports it: seconds).
-        self.sglang_check: asyncio.Task[None] | None = None
-        #: What start-up is still loading (``startup.prepare``), for /status and the
-        #: 503 of mutating calls meanwhile; None once the levers to start with are known.
-        self.loading: str | None = "the state directory, SGLang's flag schema, the GPUs"
-        self.tag_prefix = instance_tag_prefix(settings)
-        self.watch = Watcher(self)
+        events = EventBus()
+        #: The member pids /status showed last (on the loop only; see view.MembersCache).
+        self.members_cache = MembersCache()
+        self.record = ServerRecord(clock, events, on_change=self.members_cache.drop)
+        self.parts = Parts(
+            settings=settings,
+            backend=backend,
+            procs=procs,
+            health=health,
+            journal=Journal(store, self.record.warn),
+            router=router or NoRouter(),
+            events=events,
+            clock=clock,
+            poll_s=poll_s,
+            tag_prefix=instance_tag_prefix(settings),
+            learned=Learned(schema),
+            schema_loader=schema_loader,
+            history=LoadHistory(),
+            diagnoser=Diagnoser(settings.timeouts.diagnosis_hold_s, clock=clock),
+        )
+        self.ops = OperationRegistry(events, self.parts.journal, self._contain)
+        self.watch = Watcher(self.parts, self.record, self.ops, self.on_crash)
         #: A shutdown asked for (graceful, then forced) and the drain's deadline: what
         #: the steps read to end early, apart from the state.
         self.stop_request = StopRequest()
+        #: Start-up's check of that SGLang (its resolution helper imports it: seconds).
+        self.sglang_check: asyncio.Task[None] | None = None
         self._started = False
         self._shutdown_task: asyncio.Future[bool] | None = None
-        #: The member pids /status showed last (on the loop only; see view.MembersCache).
-        self.members_cache = MembersCache()
-        #: The sglang-router in front of the server (``NoRouter`` without [router] url).
-        self.router: WorkerLink = router or NoRouter()
-        #: What the last router call that failed said (None after one that worked).
-        self.router_error: str | None = None
-        #: The last drain before a stop: how long it took and how many requests were
-        #: still running or queued at its end (None: unknown or no drain yet).
-        self.last_drain_s: float | None = None
-        self.last_drain_left: float | None = None
-        #: While a new server is on probation: ``{"until", "probes_ok", "pid"}`` (None:
-        #: not on probation). /readyz answers 503 meanwhile.
-        self.probation: dict[str, Any] | None = None
 
     # --------------------------------------------------------- the operations
 
@@ -149,41 +116,17 @@ class Supervisor:
         """Hooks called with each operation that ends (the metrics' histograms)."""
         return self.ops.on_end
 
-    def _begin(self, kind: OpKind, requested: LeverSet | None) -> Operation:
-        return self.ops.begin(kind, requested, closing=self.stop_request.requested)
-
-    # ------------------------------------------------------------------ states
-
-    def transition(self, new: ServerState, reason: str) -> None:
-        """The one place the state changes: checked, stamped, logged, published."""
-        old = self.state
-        check_transition(old, new, reason)
-        self.state = new
-        self.members_cache.drop()  # membership changes with the state
-        self.state_since = self.clock()
-        self.state_reason = reason
-        log.info("%s -> %s (%s)", old, new, reason)
-        for hook in self.on_transition:
-            hook(old, new, reason)
-        self.events.publish("transition", old=str(old), new=str(new), reason=reason)
+    @property
+    def on_transition(self) -> list[TransitionHook]:
+        """Hooks called with (old, new, reason) after each transition (the metrics)."""
+        return self.record.on_transition
 
     def warn(self, message: str) -> None:
-        """Show ``message`` in /status's warnings (once)."""
-        if message not in self.warnings:
-            self.warnings.append(message)
+        """Show ``message`` in /status's warnings (once): ``ServerRecord.warn``."""
+        self.record.warn(message)
 
-    @property
-    def url(self) -> str:
-        s = self.settings.server
-        host = f"[{s.host}]" if ":" in s.host else s.host
-        return f"http://{host}:{s.port}"
-
-    @property
-    def store(self) -> Store:
-        return self.journal.store
-
-    def gpu_indices(self) -> list[int]:
-        return [g.index for g in self.managed]
+    def _begin(self, kind: OpKind, requested: LeverSet | None) -> Operation:
+        return self.ops.begin(kind, requested, closing=self.stop_request.requested)
 
     # --------------------------------------------------------------- lifecycle
 
@@ -194,13 +137,13 @@ class Supervisor:
         ``ValueError`` (bad config: unknown GPU, invalid initial levers) before anything
         is started. After ``request_shutdown()`` it starts nothing.
         """
-        await startup.prepare(self)
+        self.sglang_check = await startup.prepare(self.parts, self.record, self.stop_request)
         if self.stop_request.requested:
             return
         self._started = True
         self.watch.start()
         op = self._begin(OpKind.START, None)
-        self.ops.run(op, startup.initial_start(self, op))
+        self.ops.run(op, startup.initial_start(self.parts, self.record, self.stop_request, op))
 
     @property
     def shutdown_requested(self) -> bool:
@@ -215,7 +158,7 @@ class Supervisor:
     def teardown_budget_s(self) -> float:
         """The longest a shutdown may take: the rest of a drain in progress (unless
         forced), grace + kill wait + release (pinned memory)."""
-        return teardown_budget(self)
+        return teardown_budget(self.parts, self.record, self.stop_request)
 
     def request_shutdown(self, *, force: bool = False) -> None:
         """Ask for a shutdown; returns at once (call it from a signal handler on the loop).
@@ -262,7 +205,9 @@ class Supervisor:
             op = Operation(kind=OpKind.SHUTDOWN)
             if not keep_server:
                 self.ops.keep(op)
-            return await transaction.shut_down(self, op, keep_server=keep_server)
+            return await transaction.shut_down(
+                self.parts, self.record, self.stop_request, op, keep_server=keep_server
+            )
         finally:
             await self.health.aclose()
             await self.router.aclose()
@@ -278,17 +223,19 @@ class Supervisor:
     # -------------------------------------------------------------- operations
 
     async def _contain(self, op: Operation, exc: Exception) -> None:
-        await rollback.contain_or_fail(self, op, exc)
+        await rollback.contain_or_fail(self.parts, self.record, self.stop_request, op, exc)
 
     def on_crash(self, kind: str, reason: str) -> None:
         """The watcher saw the ready server exit (``crash``) or stop answering (``hung``)."""
         if self.operation is not None or self.stop_request.requested or self.state != S.READY:
             return
-        self.restarts_by_reason[kind] = self.restarts_by_reason.get(kind, 0) + 1
+        self.record.crash_seen(kind)
         log.warning("server %s: %s", kind, reason)
         op = self._begin(OpKind.RECOVER, self.levers)
         op.rollback_reason = reason
-        self.ops.run(op, transaction.recover(self, op, reason))
+        self.ops.run(
+            op, transaction.recover(self.parts, self.record, self.stop_request, op, reason)
+        )
 
     def get_operation(self, op_id: str) -> Operation | None:
         """A kept operation (the last ``MAX_OPERATIONS``), running or finished."""
@@ -307,13 +254,15 @@ class Supervisor:
         ``NotCancellable`` (HTTP 409) says so. Asking twice is asking once.
         Raises ``NoSuchOperation`` (unknown id) or ``OperationFinished`` (already ended).
         """
-        return operator_requests.request_cancel(self, op_id)
+        return operator_requests.request_cancel(self.events, self.ops, op_id)
 
     def requested_levers(
         self, levers: Mapping[str, Any], env: Mapping[str, Any], *, replace: bool = False
     ) -> LeverSet:
         """The set a request asks for: its names made canonical, merged onto the current."""
-        return self.levers.merged(canonical_names(levers, self.schema), env, replace=replace)
+        return operator_requests.requested_levers(
+            self.schema, self.levers, levers, env, replace=replace
+        )
 
     async def submit_apply(
         self,
@@ -336,7 +285,10 @@ class Supervisor:
         ``dry_run`` the returned operation is already finished and nothing was touched.
         """
         return await operator_requests.submit_apply(
-            self,
+            self.parts,
+            self.record,
+            self.stop_request,
+            self.ops,
             levers,
             env,
             replace=replace,
@@ -349,9 +301,9 @@ class Supervisor:
     def submit_stop(self) -> Operation:
         """Stop the server and verify its GPUs released; it stays stopped (across daemon
         restarts too) until an operator starts it. Raises ``Busy``."""
-        operator_requests.preempt_backoff(self)
+        operator_requests.preempt_backoff(self.ops, self.record)
         op = self._begin(OpKind.STOP, None)
-        self.ops.run(op, transaction.stop(self, op))
+        self.ops.run(op, transaction.stop(self.parts, self.record, self.stop_request, op))
         return op
 
     async def submit_start(self) -> Operation:
@@ -359,38 +311,38 @@ class Supervisor:
         launcher's leftovers are cleaned up first). It stops no healthy server, so a
         foreign process on a GPU fails the operation, named, rather than the request.
         Raises ``Busy``."""
-        operator_requests.preempt_backoff(self)
+        operator_requests.preempt_backoff(self.ops, self.record)
         op = self._begin(OpKind.START, self.levers)
-        self.ops.run(op, transaction.start(self, op))
+        self.ops.run(op, transaction.start(self.parts, self.record, self.stop_request, op))
         return op
 
     async def submit_restart(self) -> Operation:
         """Stop, verify release, start the same levers. Preflight runs first, as for an
         apply: ``LeverError`` (the healthy server untouched) or ``Busy``."""
-        await checks.before_a_relaunch(self)
-        operator_requests.preempt_backoff(self)
+        await checks.before_a_relaunch(self.parts, self.record, self.stop_request, self.operation)
+        operator_requests.preempt_backoff(self.ops, self.record)
         op = self._begin(OpKind.RESTART, self.levers)
-        self.ops.run(op, transaction.restart(self, op))
+        self.ops.run(op, transaction.restart(self.parts, self.record, self.stop_request, op))
         return op
 
     # ------------------------------------------------------------------ views
 
     def view(self) -> SupervisorView:
         """A frozen snapshot for readers (routes, metrics, /plan)."""
-        return snapshot(self)
+        return snapshot(self.parts, self.record, self.ops)
 
     def plan_inputs(self) -> PlanInputs:
         """What ``POST /plan`` reads of the daemon, frozen now (the one call /plan makes)."""
-        return plan_inputs(self)
+        return plan_inputs(self.parts, self.record, self.view())
 
     def sample_gpus(self) -> list[GpuSample]:
         """The managed GPUs now (blocking: call it from a worker thread).
         Raises ``GpuQueryError``."""
-        return self.probe.sample(self.gpu_indices())
+        return self.parts.probe.sample(self.record.gpu_indices())
 
     async def gpu_status(self) -> list[dict[str, Any]]:
         """The managed GPUs now, with their processes marked ours or not."""
-        return await gpu_status(self)
+        return await gpu_status(self.parts, self.record, self.members_cache)
 
     async def status(self) -> dict[str, Any]:
         """``GET /status``."""

@@ -11,56 +11,57 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 from sglang_supervisor.engine import routing
+from sglang_supervisor.engine.boundaries import Cancelled, checkpoint, pause
 from sglang_supervisor.engine.checks import refuse_if_foreign
+from sglang_supervisor.engine.parts import Parts
+from sglang_supervisor.engine.record import ReadRecord, ServerRecord
 from sglang_supervisor.engine.release import members_now, stop_and_release
 from sglang_supervisor.engine.rollback import roll_back
-from sglang_supervisor.engine.server import (
-    SHUTDOWN_REASON,
-    Cancelled,
-    checkpoint,
-    launch_until_ready,
-    pause,
-)
-from sglang_supervisor.observe.telemetry import parse_metrics
+from sglang_supervisor.engine.routing import drain
+from sglang_supervisor.engine.server import launch_until_ready
+from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
 from sglang_supervisor.phases import OPERATOR_LAUNCHES, OpKind, PhaseName, PhasePrefix
 from sglang_supervisor.sglang.levers import LeverSet
 from sglang_supervisor.states import ServerState
 from sglang_supervisor.store import StoreError
 
-if TYPE_CHECKING:
-    from sglang_supervisor.engine.supervisor import Supervisor
-
 S = ServerState
 log = logging.getLogger("supervisor")
 
 
 async def apply(
-    sup: Supervisor, op: Operation, new: LeverSet, drain_s: float, *, without_router: bool = False
+    parts: Parts,
+    record: ServerRecord,
+    stop: StopRequest,
+    op: Operation,
+    new: LeverSet,
+    drain_s: float,
+    *,
+    without_router: bool = False,
 ) -> None:
     """journal -> drain -> stop and release -> launch with probation -> commit, or roll
     back to the last-good levers. Validation and preflight ran before (nothing stopped).
     With ``without_router`` a failed ``router_add`` is reported, not rolled back."""
-    await sup.journal.begin_apply(op.id, new)
+    await parts.journal.begin_apply(op.id, new)
     exiting = False
     try:
-        if not await drain_or_cancel(sup, op, drain_s):
+        if not await drain_or_cancel(parts, record, stop, op, drain_s):
             return
-        if not await stop_and_release(sup, op, f"apply {op.id}", S.STOPPED):
-            op.finish(FAILED, f"the old server could not be released: {sup.state_reason}")
+        if not await stop_and_release(parts, record, stop, op, f"apply {op.id}", S.STOPPED):
+            op.finish(FAILED, f"the old server could not be released: {record.state_reason}")
             return
-        if await launch_until_ready(sup, op, new, probation=True):
-            refused = await routing.join(sup, op)
+        if await launch_until_ready(parts, record, stop, op, new, probation=True):
+            refused = await routing.join(parts, record, op)
             if refused is None or without_router:
-                await commit(sup, op, new)
+                await commit(parts, record, op, new)
                 if refused is not None:  # the operator chose to go on without the router
                     op.phases[-1].detail += f"; outside the router (without_router): {refused}"
                 return
             op.rollback_reason = refused
-        await roll_back(sup, op, op.rollback_reason or "the new levers failed")
+        await roll_back(parts, record, stop, op, op.rollback_reason or "the new levers failed")
     except asyncio.CancelledError:
         exiting = True  # the event loop is going away with the process
         raise
@@ -68,64 +69,65 @@ async def apply(
         # Whatever the outcome, the apply is no longer pending. A daemon that dies in the
         # middle never gets here, and its successor reports the interrupted apply.
         if not exiting:
-            await sup.journal.clear_pending()
+            await parts.journal.clear_pending()
 
 
-async def keep_serving(sup: Supervisor, op: Operation) -> None:
+async def keep_serving(record: ReadRecord, op: Operation) -> None:
     """An apply of exactly the levers the ready server serves: nothing to change, so
     nothing is stopped (``force_restart`` in the request restarts it anyway)."""
-    server = sup.server
+    server = record.server
     pid = "?" if server is None else server.handle.pid
-    op.levers_effective = sup.levers.to_json()
+    op.levers_effective = record.levers.to_json()
     op.phase(PhaseName.COMMIT).end(
         SUCCEEDED,
-        f"nothing changed: pid {pid} already serves levers {sup.levers.digest()}; not "
+        f"nothing changed: pid {pid} already serves levers {record.levers.digest()}; not "
         "restarted (force_restart: true restarts it)",
     )
     op.finish(SUCCEEDED)
 
 
-async def drain_or_cancel(sup: Supervisor, op: Operation, drain_s: float) -> bool:
+async def drain_or_cancel(
+    parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation, drain_s: float
+) -> bool:
     """The last steps before the stop: out of the router (with [router]), then drain
     when asked or when the router was left. An operator's cancel up to here stops
     nothing: the old server serves on (``rolled_back``), back in the router, and this
     returns False."""
     left = False
     try:
-        if sup.state == S.READY and sup.router.enabled:
-            left = await routing.leave(sup, op)
+        if record.state == S.READY and parts.router.enabled:
+            left = await routing.leave(parts, record, op)
             if left:  # still in a router that does not answer: it would never drain
-                drain_s = routing.drain_bound(sup, drain_s)
-        if drain_s > 0 and sup.state == S.READY:
-            await drain(sup, op, drain_s)
-        checkpoint(sup, op)
+                drain_s = routing.drain_bound(parts, drain_s)
+        if drain_s > 0 and record.state == S.READY:
+            await drain(parts, record, stop, op, drain_s)
+        checkpoint(stop, op)
     except Cancelled as exc:
         if exc.shutdown:
             raise
-        if sup.state == S.DRAINING:
-            sup.transition(S.READY, f"apply {op.id} cancelled during its drain")
-        if left and sup.state == S.READY:
-            await routing.join(sup, op)
+        if record.state == S.DRAINING:
+            record.transition(S.READY, f"apply {op.id} cancelled during its drain")
+        if left and record.state == S.READY:
+            await routing.join(parts, record, op)
         op.rollback_reason = str(exc)
-        op.levers_effective = sup.levers.to_json()
-        outcome = ROLLED_BACK if sup.state == S.READY else FAILED
+        op.levers_effective = record.levers.to_json()
+        outcome = ROLLED_BACK if record.state == S.READY else FAILED
         op.finish(outcome, f"{exc}; nothing was stopped")
         return False
     return True
 
 
-async def commit(sup: Supervisor, op: Operation, levers: LeverSet) -> None:
+async def commit(parts: Parts, record: ServerRecord, op: Operation, levers: LeverSet) -> None:
     """``levers`` serve (and passed probation where there was one): they become current
     and last-good, persisted."""
     ph = op.phase(PhaseName.COMMIT)
     if op.kind in OPERATOR_LAUNCHES:
         # An operator's successful change starts the crash-loop count afresh.
-        sup.crash_times.clear()
-    sup.levers = levers
-    sup.last_good = levers
+        record.crashes_forgiven()
+    record.commit_levers(levers)
     op.levers_effective = levers.to_json()
     try:
-        await sup.journal.commit(levers)
+        await parts.journal.commit(levers)
     except StoreError as exc:
         ph.end(FAILED, str(exc))
         op.finish(FAILED, f"the new levers serve, but persisting them failed: {exc}")
@@ -134,155 +136,127 @@ async def commit(sup: Supervisor, op: Operation, levers: LeverSet) -> None:
     op.finish(SUCCEEDED)
 
 
-async def drain(sup: Supervisor, op: Operation, timeout_s: float) -> None:
-    """ready -> draining until no request runs or waits, or ``timeout_s`` passes.
-
-    An operator's cancel and a forced shutdown end it at the next poll (``Cancelled``);
-    a graceful shutdown lets it finish (it is bounded), then the stop follows."""
-    ph = op.phase(PhaseName.DRAIN)
-    sup.transition(S.DRAINING, f"drain up to {timeout_s:.0f}s ({op.id})")
-    started = sup.clock()
-    deadline = started + timeout_s
-    sup.stop_request.drain_deadline = deadline
-    pending: float | None = None
-    poll_s = sup.settings.router.drain_poll_s if sup.router.enabled else 0.25
-    try:
-        while sup.clock() < deadline:
-            if sup.stop_request.forced:
-                raise Cancelled(f"{SHUTDOWN_REASON} (forced: drain skipped)", shutdown=True)
-            if op.cancel_requested is not None:
-                checkpoint(sup, op)
-            text = await sup.health.metrics_text(sup.url, 2.0)
-            if text is not None:
-                t = parse_metrics(text)
-                pending = (t.running_requests or 0) + (t.queued_requests or 0)
-                if pending == 0:
-                    ph.end(SUCCEEDED, "no running or queued requests")
-                    return
-            await asyncio.sleep(max(sup.poll_s, poll_s))
-    finally:
-        sup.stop_request.drain_deadline = None
-        sup.last_drain_s = sup.clock() - started
-        sup.last_drain_left = pending
-    left = "an unknown number of" if pending is None else f"{pending:g}"
-    ph.end(
-        SUCCEEDED,
-        f"timed out after {timeout_s:g}s (drain_timeout_s) with {left} requests still "
-        "running or queued; stopping anyway",
-    )
-
-
-async def stop(sup: Supervisor, op: Operation) -> None:
+async def stop(parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation) -> None:
     """An operator's stop: out of the router and drained (with [router]), tear down,
     verify release, stay stopped (and out of the router).
 
     The intent is recorded first: a daemon that dies in the middle of the stop leaves
     the server stopped (its successor finishes the teardown instead of adopting it)."""
-    await sup.journal.record_operator_stop(op.id)  # stays stopped across daemon restarts
-    await routing.leave_and_drain(sup, op)
-    if await stop_and_release(sup, op, f"operator stop ({op.id})", S.STOPPED):
+    await parts.journal.record_operator_stop(op.id)  # stays stopped across daemon restarts
+    await routing.leave_and_drain(parts, record, stop, op)
+    if await stop_and_release(parts, record, stop, op, f"operator stop ({op.id})", S.STOPPED):
         op.levers_effective = None
         op.finish(SUCCEEDED)
     else:
-        op.finish(FAILED, sup.state_reason)
+        op.finish(FAILED, record.state_reason)
 
 
-async def start(sup: Supervisor, op: Operation) -> None:
+async def start(parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation) -> None:
     """An operator's start: from stopped (or failed, after cleaning up), the current levers."""
-    server = sup.server
-    if sup.state == S.READY and server is not None and not server.handle.poll():
-        op.levers_effective = sup.levers.to_json()
+    server = record.server
+    if record.state == S.READY and server is not None and not server.handle.poll():
+        op.levers_effective = record.levers.to_json()
         op.phase(PhaseName.START).end(SUCCEEDED, "already ready; nothing to do")
         op.finish(SUCCEEDED)
         return
     # A launcher that died before the watcher noticed is cleaned up like any leftover.
-    members = await asyncio.to_thread(members_now, sup)
+    members = await asyncio.to_thread(members_now, parts, record)
     # From a verified stopped state with nothing of ours left, there is nothing to
     # release (and memory a foreign process holds must not be waited for).
-    if (sup.state != S.STOPPED or members) and not await stop_and_release(
-        sup, op, f"clean up before start ({op.id})", S.STOPPED
+    if (record.state != S.STOPPED or members) and not await stop_and_release(
+        parts, record, stop, op, f"clean up before start ({op.id})", S.STOPPED
     ):
-        op.finish(FAILED, sup.state_reason)
+        op.finish(FAILED, record.state_reason)
         return
-    await start_current(sup, op)
+    await start_current(parts, record, stop, op)
 
 
-async def restart(sup: Supervisor, op: Operation) -> None:
+async def restart(parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation) -> None:
     """An operator's restart: out of the router and drained (with [router]), stop,
     verify release, start the same levers, back in the router."""
-    await routing.leave_and_drain(sup, op)
-    if not await stop_and_release(sup, op, f"operator restart ({op.id})", S.STOPPED):
-        op.finish(FAILED, sup.state_reason)
+    await routing.leave_and_drain(parts, record, stop, op)
+    if not await stop_and_release(
+        parts, record, stop, op, f"operator restart ({op.id})", S.STOPPED
+    ):
+        op.finish(FAILED, record.state_reason)
         return
-    await start_current(sup, op)
+    await start_current(parts, record, stop, op)
 
 
-async def start_current(sup: Supervisor, op: Operation) -> None:
+async def start_current(
+    parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation
+) -> None:
     """From stopped: the current levers, unless a foreign process holds a GPU. A start
     that fails (or is cancelled) is cleaned up and the operation fails."""
-    checkpoint(sup, op)
-    if await refuse_if_foreign(sup, op):
+    checkpoint(stop, op)
+    if await refuse_if_foreign(parts, record, op):
         return
-    if await launch_until_ready(sup, op, sup.levers, probation=False):
-        await routing.join(sup, op)
-        await commit(sup, op, sup.levers)
+    if await launch_until_ready(parts, record, stop, op, record.levers, probation=False):
+        await routing.join(parts, record, op)
+        await commit(parts, record, op, record.levers)
     else:
-        await stop_and_release(sup, op, f"{op.kind} failed", S.STOPPED, prefix=PhasePrefix.CLEANUP)
+        await stop_and_release(
+            parts, record, stop, op, f"{op.kind} failed", S.STOPPED, prefix=PhasePrefix.CLEANUP
+        )
         op.finish(FAILED, op.rollback_reason)
 
 
-async def recover(sup: Supervisor, op: Operation, reason: str) -> None:
+async def recover(
+    parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation, reason: str
+) -> None:
     """Release, back off, relaunch the same levers; a crash loop ends in failed."""
-    t = sup.settings.timeouts
+    t = parts.settings.timeouts
     while True:
-        now = sup.clock()
-        sup.crash_times.append(now)
-        while sup.crash_times and sup.crash_times[0] < now - t.crash_loop_window_s:
-            sup.crash_times.popleft()
-        if sup.state != S.BACKOFF and sup.server is not None:
+        crashes = record.note_crash(parts.clock(), t.crash_loop_window_s)
+        if record.state != S.BACKOFF and record.server is not None:
             # Crashed or hung: out of the router first (a dead server's removal never
             # waits on the server; a router that does not answer is reported, not awaited).
-            await routing.leave(sup, op)
-        if sup.state != S.BACKOFF and not await stop_and_release(sup, op, reason, S.BACKOFF):
-            op.finish(FAILED, sup.state_reason)
+            await routing.leave(parts, record, op)
+        if record.state != S.BACKOFF and not await stop_and_release(
+            parts, record, stop, op, reason, S.BACKOFF
+        ):
+            op.finish(FAILED, record.state_reason)
             return
-        crashes = len(sup.crash_times)
         if crashes >= t.crash_loop_count:
             why = (
                 f"crash loop: {crashes} failures within {t.crash_loop_window_s:.0f}s, the "
                 f"last: {reason}; fix the cause, then POST /start or /levers"
             )
-            sup.transition(S.FAILED, why)
+            record.transition(S.FAILED, why)
             op.finish(FAILED, why)
             return
         delay = min(t.backoff_max_s, t.backoff_initial_s * 2 ** max(0, crashes - 1))
         ph = op.phase(PhaseName.BACKOFF)
         try:
-            await pause(sup, op, delay)
+            await pause(stop, op, delay)
         except Cancelled as exc:
             if exc.shutdown:
                 raise
             why = f"{exc} during the backoff after: {reason}; POST /start to start again"
-            sup.transition(S.FAILED, why)
+            record.transition(S.FAILED, why)
             op.finish(FAILED, why)
             return
         ph.end(SUCCEEDED, f"waited {delay:.1f}s after: {reason}")
-        if await launch_until_ready(sup, op, sup.levers, probation=False):
-            await routing.join(sup, op)
+        if await launch_until_ready(parts, record, stop, op, record.levers, probation=False):
+            await routing.join(parts, record, op)
             if op.kind == OpKind.RECOVER:
-                sup.restarts += 1
+                record.recovered()
             # Serving again with these levers proves them good (and gives a first
             # start that needed retries its last-good set).
-            await commit(sup, op, sup.levers)
+            await commit(parts, record, op, record.levers)
             return
         reason = op.rollback_reason or "restart failed"
         if op.cancelled is not None:
-            await stop_and_release(sup, op, reason, S.STOPPED, prefix=PhasePrefix.CLEANUP)
+            await stop_and_release(
+                parts, record, stop, op, reason, S.STOPPED, prefix=PhasePrefix.CLEANUP
+            )
             op.finish(FAILED, reason)
             return
 
 
-async def shut_down(sup: Supervisor, op: Operation, *, keep_server: bool) -> bool:
+async def shut_down(
+    parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation, *, keep_server: bool
+) -> bool:
     """The daemon's exit, once no other operation runs: stop the server and verify the
     GPUs released (False when they could not be), or with ``keep_server`` leave it
     running and recorded for the next daemon to adopt."""
@@ -290,11 +264,11 @@ async def shut_down(sup: Supervisor, op: Operation, *, keep_server: bool) -> boo
     if keep_server:
         log.info(
             "leaving the server running for the next daemon to adopt (%s)",
-            f"pid {sup.server.handle.pid}" if sup.server is not None else "none running",
+            f"pid {record.server.handle.pid}" if record.server is not None else "none running",
         )
     else:
-        await routing.leave(sup, op)
-        released = await stop_and_release(sup, op, "daemon shutdown", S.STOPPED)
-        op.finish(SUCCEEDED if released else FAILED, None if released else sup.state_reason)
-    await sup.journal.flush()
+        await routing.leave(parts, record, op)
+        released = await stop_and_release(parts, record, stop, op, "daemon shutdown", S.STOPPED)
+        op.finish(SUCCEEDED if released else FAILED, None if released else record.state_reason)
+    await parts.journal.flush()
     return released

@@ -9,11 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
+from sglang_supervisor.engine.parts import Parts
+from sglang_supervisor.engine.record import ReadRecord, ServerRecord
 from sglang_supervisor.engine.server import flags, server_env
 from sglang_supervisor.engine.sglang_info import CHECKING, after_helper
+from sglang_supervisor.engine.stop_request import StopRequest
+from sglang_supervisor.host.gpu import GpuInfo
 from sglang_supervisor.planner.sharding import model_dir_sharding_problems
 from sglang_supervisor.sglang.lever_limits import launch_topology_problems
 from sglang_supervisor.sglang.lever_paths import path_kinds
@@ -39,22 +43,19 @@ from sglang_supervisor.sglang.resolution import (
 )
 from sglang_supervisor.slurm.settings import check_node_levers
 
-if TYPE_CHECKING:
-    from sglang_supervisor.engine.supervisor import Supervisor
-
 log = logging.getLogger("supervisor")
 
 
-def not_run_of(sup: Supervisor, verdict: Verdict | None) -> list[dict[str, str]]:
+def not_run_of(parts: Parts, verdict: Verdict | None) -> list[dict[str, str]]:
     """The validate phase's checks that did not run, each with why (structured)."""
     if verdict is not None:
         return [dict(n) for n in verdict.not_run]
-    if not sup.schema_live:
+    if not parts.schema_live:
         return [
             {
                 "check": "SGLang's own parser, resolution and check_server_args",
-                "reason": f"{sup.settings.server.python} cannot run SGLang here "
-                f"({sup.schema_warning or 'no SGLang'}); only the schema was checked",
+                "reason": f"{parts.settings.server.python} cannot run SGLang here "
+                f"({parts.schema_warning or 'no SGLang'}); only the schema was checked",
             }
         ]
     return [
@@ -65,17 +66,16 @@ def not_run_of(sup: Supervisor, verdict: Verdict | None) -> list[dict[str, str]]
     ]
 
 
-def gpu_facts(sup: Supervisor) -> GpuFacts | None:
+def gpu_facts(parts: Parts, managed: Sequence[GpuInfo]) -> GpuFacts | None:
     """What SGLang would read from CUDA, from the managed GPUs (None: unknown GPU)."""
-    managed = sup.managed
-    if managed and sup.settings.server.launcher == "slurm":
+    if managed and parts.settings.server.launcher == "slurm":
         # SGLang on each node sees that node's GPUs only (named <node>/<uuid> across the
         # nodes, supervisor/slurm/probe.py): one node's facts, the first node's.
         first_node = managed[0].uuid.partition("/")[0]
         managed = [g for g in managed if g.uuid.partition("/")[0] == first_node]
     if not managed:
         return None
-    if sup.backend.name == "simulated":
+    if parts.backend.name == "simulated":
         mib = min(g.memory_total_bytes for g in managed) >> 20
         return GpuFacts.simulated(len(managed), mib)
     # The compute capability and driver version NVML reports (the table of GPU names
@@ -89,62 +89,66 @@ def gpu_facts(sup: Supervisor) -> GpuFacts | None:
     )
 
 
-async def warm_resolution(sup: Supervisor) -> None:
+async def warm_resolution(parts: Parts, record: ReadRecord) -> None:
     """Start SGLang's resolution helper for the current levers' environment now: its
     import takes seconds, so that the first apply does not wait for it."""
-    facts = gpu_facts(sup)
-    if not sup.schema_live or facts is None:
+    facts = gpu_facts(parts, record.managed)
+    if not parts.schema_live or facts is None:
         return
-    env = server_env(sup, sup.levers)
+    env = server_env(parts, record.managed, record.levers)
     try:
         await asyncio.to_thread(
-            default_resolver().warm, sup.settings.server.python, env, facts, sup.settings.server.cwd
+            default_resolver().warm,
+            parts.settings.server.python,
+            env,
+            facts,
+            parts.settings.server.cwd,
         )
     except ParserUnavailable as exc:
         log.warning("SGLang's resolution helper did not start: %s", exc)
 
 
-async def check_sglang(sup: Supervisor) -> None:
+async def check_sglang(parts: Parts, record: ServerRecord, stop: StopRequest) -> None:
     """Ask the resolution helper which SGLang it imported (seconds: the import) and
     whether it has the entry points the resolution needs; /status's ``sglang`` and its
     warnings say so. Never raises: a failure is a degraded validation, said."""
-    facts = gpu_facts(sup)
-    if sup.sglang.validation != CHECKING or facts is None:
+    facts = gpu_facts(parts, record.managed)
+    if record.sglang.validation != CHECKING or facts is None:
         return
-    env = server_env(sup, sup.levers)
+    env = server_env(parts, record.managed, record.levers)
     try:
         said = await asyncio.to_thread(
             default_resolver().which_sglang,
-            sup.settings.server.python,
+            parts.settings.server.python,
             env,
             facts,
-            sup.settings.server.cwd,
+            parts.settings.server.cwd,
         )
     except ParserUnavailable as exc:
-        if sup.stop_request.requested:
+        if stop.requested:
             return  # the daemon closes and its helpers with it: not a degraded SGLang
-        sup.sglang = sup.sglang.degraded(f"SGLang's resolution helper failed: {exc}")
+        record.sglang_learned(record.sglang.degraded(f"SGLang's resolution helper failed: {exc}"))
     else:
-        sup.sglang = after_helper(sup.sglang, said)
-    if sup.sglang.reason is not None:
-        log.warning("%s", sup.sglang.reason)
-        sup.warn(sup.sglang.reason)
+        record.sglang_learned(after_helper(record.sglang, said))
+    if record.sglang.reason is not None:
+        log.warning("%s", record.sglang.reason)
+        record.warn(record.sglang.reason)
 
 
 async def _degraded(
-    sup: Supervisor, checked: LeverSet, detail: str
+    parts: Parts, record: ReadRecord, checked: LeverSet, detail: str
 ) -> tuple[LeverSet, str, Verdict | None]:
-    """Stage (b) when SGLang's resolution cannot run (``sup.sglang`` says why): its
+    """Stage (b) when SGLang's resolution cannot run (``record.sglang`` says why): its
     parser and checks where it has them, else the schema alone — said in the detail."""
-    info = sup.sglang
+    info = record.sglang
     why = f"validation degraded: {info.reason}"
     if any(m.endswith(".prepare_server_args") for m in info.missing):
         return checked, f"{detail}; {why}", None
-    return await _parse_only(sup, checked, detail, why)
+    return await _parse_only(parts, checked, detail, why)
 
 
 async def validate_with_sglang(
-    sup: Supervisor, requested: LeverSet
+    parts: Parts, record: ServerRecord, requested: LeverSet
 ) -> tuple[LeverSet, str, Verdict | None]:
     """Check a full lever set in two stages; raises ``LeverError`` naming every bad lever.
 
@@ -159,43 +163,44 @@ async def validate_with_sglang(
     verdict (None when (b) did not run).
     """
     t0 = time.monotonic()
-    checked = check_levers(requested, sup.schema, complete=True)
-    check_gpu_placement(checked, len(sup.managed))
+    checked = check_levers(requested, parts.schema, complete=True)
+    check_gpu_placement(checked, len(record.managed))
     # Layouts SGLang fails building the model for (head counts vs tp, experts vs ep).
     sharding = await asyncio.to_thread(model_dir_sharding_problems, checked.levers)
     if sharding:
         raise LeverError([LeverProblem(lever, msg) for lever, msg in sharding])
     collisions = launch_topology_problems(
-        checked.levers, server_port=sup.settings.server.port, api_port=sup.settings.api.port
+        checked.levers, server_port=parts.settings.server.port, api_port=parts.settings.api.port
     )
     if collisions:
         raise LeverError([LeverProblem(lever, msg) for lever, msg in collisions])
-    nodes = check_node_levers(checked.levers, sup.settings.server.launcher, len(sup.managed))
+    nodes = check_node_levers(checked.levers, parts.settings.server.launcher, len(record.managed))
     if nodes:
         raise LeverError([LeverProblem(lever, message) for lever, message in nodes])
-    detail = f"schema of SGLang {sup.schema.sglang_version}: {(time.monotonic() - t0) * 1e3:.1f} ms"
-    if not sup.schema_live:
+    detail = (
+        f"schema of SGLang {parts.schema.sglang_version}: {(time.monotonic() - t0) * 1e3:.1f} ms"
+    )
+    if not parts.schema_live:
         return checked, detail + "; SGLang's own parser and resolution not available", None
-    facts = gpu_facts(sup)
+    facts = gpu_facts(parts, record.managed)
     if facts is None:
-        return await _parse_only(sup, checked, detail)
-    if not sup.sglang.resolution_runs:
-        return await _degraded(sup, checked, detail)
+        return await _parse_only(parts, checked, detail)
+    if not record.sglang.resolution_runs:
+        return await _degraded(parts, record, checked, detail)
     try:
         verdict = await asyncio.to_thread(
             resolve_levers,
-            sup.settings.server.python,
-            flags(sup, checked),
-            server_env(sup, checked),
+            parts.settings.server.python,
+            flags(parts, checked),
+            server_env(parts, record.managed, checked),
             facts,
-            cwd=sup.settings.server.cwd,
-            paths=path_kinds(sup.schema),
+            cwd=parts.settings.server.cwd,
+            paths=path_kinds(parts.schema),
         )
     except ResolutionUnavailable as exc:
-        sup.sglang = sup.sglang.degraded(str(exc))
-        sup.sglang = replace(sup.sglang, missing=exc.missing)
-        sup.warn(f"validation degraded: {exc}")
-        return await _degraded(sup, checked, detail)
+        record.sglang_learned(replace(record.sglang.degraded(str(exc)), missing=exc.missing))
+        record.warn(f"validation degraded: {exc}")
+        return await _degraded(parts, record, checked, detail)
     except ParserUnavailable as exc:
         problem = LeverProblem("levers", f"cannot run SGLang's resolution: {exc}")
         raise LeverError([problem]) from exc
@@ -207,13 +212,13 @@ async def validate_with_sglang(
             ]
         )
     if not verdict.ok:
-        raise LeverError([_refusal(sup, checked, verdict)])
+        raise LeverError([_refusal(parts, checked, verdict)])
     return checked, detail + "; " + describe_verdict(verdict), verdict
 
 
-def _refusal(sup: Supervisor, checked: LeverSet, verdict: Verdict) -> LeverProblem:
+def _refusal(parts: Parts, checked: LeverSet, verdict: Verdict) -> LeverProblem:
     message = verdict.message or "refused"
-    named = levers_for_message(message, sup.schema, list(checked.levers), checked.levers)
+    named = levers_for_message(message, parts.schema, list(checked.levers), checked.levers)
     lever = named[0] if named else "levers"
     what = {"parse": "parser", "resolve": "launch-time resolution"}.get(
         verdict.stage or "", "launch checks"
@@ -222,7 +227,7 @@ def _refusal(sup: Supervisor, checked: LeverSet, verdict: Verdict) -> LeverProbl
     also = f" (levers involved: {', '.join(named)})" if len(named) > 1 else ""
     return LeverProblem(
         lever,
-        f"SGLang {verdict.sglang_version or sup.schema.sglang_version}'s {what} refused it"
+        f"SGLang {verdict.sglang_version or parts.schema.sglang_version}'s {what} refused it"
         f"{where}: {message}{also}",
     )
 
@@ -260,7 +265,7 @@ def describe_verdict(verdict: Verdict) -> str:
 
 
 async def _parse_only(
-    sup: Supervisor,
+    parts: Parts,
     checked: LeverSet,
     detail: str,
     why: str = "the managed GPUs' compute capability is unknown",
@@ -268,16 +273,16 @@ async def _parse_only(
     """Stage (b) without resolution, when the managed GPUs' facts are unknown."""
     try:
         verdict = await asyncio.to_thread(
-            check_argv, sup.settings.server.python, flags(sup, checked)
+            check_argv, parts.settings.server.python, flags(parts, checked)
         )
     except ParserUnavailable as exc:
         problem = LeverProblem("levers", f"cannot run SGLang's parser: {exc}")
         raise LeverError([problem]) from exc
     if not verdict.ok:
         message = verdict.message or "refused"
-        lever = lever_for_message(message, sup.schema, list(checked.levers))
+        lever = lever_for_message(message, parts.schema, list(checked.levers))
         raise LeverError(
-            [LeverProblem(lever, f"SGLang {sup.schema.sglang_version} refused it: {message}")]
+            [LeverProblem(lever, f"SGLang {parts.schema.sglang_version} refused it: {message}")]
         )
     return (
         checked,

@@ -13,8 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sglang_supervisor.engine.parts import Parts
+from sglang_supervisor.engine.record import ReadRecord
+from sglang_supervisor.engine.registry import OperationRegistry
 from sglang_supervisor.engine.release import members_now
 from sglang_supervisor.host.gpu import GpuInfo, GpuQueryError
 from sglang_supervisor.observe.history import Sample
@@ -23,9 +26,6 @@ from sglang_supervisor.planner.diagnosis import Diagnosis
 from sglang_supervisor.sglang.levers import LeverSet
 from sglang_supervisor.sglang.schema import FlagSchema
 from sglang_supervisor.states import ServerState
-
-if TYPE_CHECKING:
-    from sglang_supervisor.engine.supervisor import Supervisor
 
 _EMPTY: Mapping[Any, Any] = MappingProxyType({})
 
@@ -177,14 +177,14 @@ def nodes_of(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(nodes.values())
 
 
-def snapshot(sup: Supervisor) -> SupervisorView:
-    """The view of ``sup`` now (call it on the event loop)."""
-    server = sup.server
-    backend = sup.backend
+def snapshot(parts: Parts, record: ReadRecord, ops: OperationRegistry) -> SupervisorView:
+    """The view now (call it on the event loop)."""
+    server = record.server
+    backend = parts.backend
     return SupervisorView(
-        state=sup.state,
-        state_reason=sup.state_reason,
-        state_for_s=max(0.0, sup.clock() - sup.state_since),
+        state=record.state,
+        state_reason=record.state_reason,
+        state_for_s=max(0.0, parts.clock() - record.state_since),
         backend=backend.name,
         backend_env=frozen_map(backend.env),
         simulated_host_ram_bytes=backend.simulated_host_ram_bytes,
@@ -192,7 +192,7 @@ def snapshot(sup: Supervisor) -> SupervisorView:
         if server is None
         else ServerView(
             pid=server.handle.pid,
-            url=sup.url,
+            url=parts.url,
             started_at=server.started_at,
             ready_at=server.ready_at,
             max_total_num_tokens=server.max_total_num_tokens,
@@ -200,40 +200,40 @@ def snapshot(sup: Supervisor) -> SupervisorView:
             log_path=server.handle.log_path,
             levers=server.levers,
         ),
-        levers=sup.levers,
-        last_good=sup.last_good,
-        managed=tuple(sup.managed),
-        baseline=frozen_map(sup.baseline),
-        gpu_probe_kind=sup.probe.kind,
-        pids_are_local=sup.probe.pids_are_local(),
-        operation=None if sup.operation is None else sup.operation.to_json(),
-        last_operation=None if sup.ops.last is None else sup.ops.last.to_json(),
-        restarts=sup.restarts,
-        restarts_by_reason=frozen_map(sup.restarts_by_reason),
-        operation_counts=frozen_map(sup.ops.counts),
-        last_apply_success_time=sup.ops.last_apply_success_time,
-        throughput=sup.throughput,
-        schema=sup.schema,
-        schema_live=sup.schema_live,
-        warnings=tuple(sup.warnings),
-        logs_dir=sup.journal.logs_dir,
+        levers=record.levers,
+        last_good=record.last_good,
+        managed=tuple(record.managed),
+        baseline=frozen_map(record.baseline),
+        gpu_probe_kind=parts.probe.kind,
+        pids_are_local=parts.probe.pids_are_local(),
+        operation=None if ops.current is None else ops.current.to_json(),
+        last_operation=None if ops.last is None else ops.last.to_json(),
+        restarts=record.restarts,
+        restarts_by_reason=frozen_map(record.restarts_by_reason),
+        operation_counts=frozen_map(ops.counts),
+        last_apply_success_time=ops.last_apply_success_time,
+        throughput=record.throughput,
+        schema=parts.schema,
+        schema_live=parts.schema_live,
+        warnings=tuple(record.warnings),
+        logs_dir=parts.journal.logs_dir,
         router=None
-        if not sup.router.enabled
+        if not parts.router.enabled
         else frozen_map(
             {
-                "url": sup.settings.router.url,
-                "worker_url": sup.router.worker_url,
-                "registered": sup.router.registered,
-                "error": sup.router_error,
+                "url": parts.settings.router.url,
+                "worker_url": parts.router.worker_url,
+                "registered": parts.router.registered,
+                "error": record.router_error,
             }
         ),
-        last_drain_s=sup.last_drain_s,
-        last_drain_left=sup.last_drain_left,
-        probation=None if sup.probation is None else frozen_map(sup.probation),
-        loading=sup.loading,
-        sglang=frozen_map(sup.sglang.to_json()),
-        diagnosis=sup.diagnoser.current,
-        history=sup.history.samples,
+        last_drain_s=record.last_drain_s,
+        last_drain_left=record.last_drain_left,
+        probation=None if record.probation is None else frozen_map(record.probation),
+        loading=record.loading,
+        sglang=frozen_map(record.sglang.to_json()),
+        diagnosis=parts.diagnoser.current,
+        history=parts.history.samples,
     )
 
 
@@ -256,24 +256,26 @@ class MembersCache:
         self._at = None
         self._generation += 1
 
-    async def get(self, sup: Supervisor, max_age_s: float = 1.0) -> set[int]:
-        now = sup.clock()
+    async def get(self, parts: Parts, record: ReadRecord, max_age_s: float = 1.0) -> set[int]:
+        now = parts.clock()
         if self._at is not None and now - self._at <= max_age_s:
             return self._pids
         generation = self._generation
-        pids = await asyncio.to_thread(members_now, sup)
+        pids = await asyncio.to_thread(members_now, parts, record)
         if generation == self._generation:
             self._at, self._pids = now, pids
         return pids
 
 
-async def gpu_status(sup: Supervisor) -> list[dict[str, Any]]:
+async def gpu_status(
+    parts: Parts, record: ReadRecord, members_cache: MembersCache
+) -> list[dict[str, Any]]:
     """``/status``'s ``gpus``: memory, baseline and processes (ours or not) per GPU."""
     try:
-        samples = await asyncio.to_thread(sup.sample_gpus)
-        members = await sup.members_cache.get(sup)
+        samples = await asyncio.to_thread(parts.probe.sample, record.gpu_indices())
+        members = await members_cache.get(parts, record)
     except GpuQueryError as exc:
-        return [{"index": g.index, "uuid": g.uuid, "error": str(exc)} for g in sup.managed]
+        return [{"index": g.index, "uuid": g.uuid, "error": str(exc)} for g in record.managed]
     return [
         {
             "index": s.index,
@@ -281,7 +283,7 @@ async def gpu_status(sup: Supervisor) -> list[dict[str, Any]]:
             "name": s.name,
             "memory_used_bytes": s.memory_used_bytes,
             "memory_total_bytes": s.memory_total_bytes,
-            "baseline_bytes": sup.baseline.get(s.index),
+            "baseline_bytes": record.baseline.get(s.index),
             "processes": [
                 {"pid": p.pid, "used_bytes": p.used_bytes, "member": p.pid in members}
                 for p in s.processes

@@ -12,17 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from sglang_supervisor.engine.server import exit_reason
+from sglang_supervisor.engine.boundaries import exit_reason
+from sglang_supervisor.engine.parts import Parts
+from sglang_supervisor.engine.record import ServerInfo, ServerRecord
+from sglang_supervisor.engine.registry import OperationRegistry
 from sglang_supervisor.observe import serverlogs
 from sglang_supervisor.observe.health import Probe
 from sglang_supervisor.observe.telemetry import Throughput, last_decode_line, parse_metrics
 from sglang_supervisor.states import ServerState
 from sglang_supervisor.units import MiB
-
-if TYPE_CHECKING:
-    from sglang_supervisor.engine.supervisor import Supervisor
 
 log = logging.getLogger("supervisor")
 S = ServerState
@@ -34,11 +34,21 @@ TELEMETRY_INTERVAL_S = 2.0
 class Watcher:
     """Exit, liveness and telemetry of the serving server, on one ticker task."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
+    def __init__(
+        self,
+        parts: Parts,
+        record: ServerRecord,
+        ops: OperationRegistry,
+        on_crash: Callable[[str, str], None],
+    ) -> None:
+        self.parts, self.record, self.ops = parts, record, ops
+        #: Told of a crash ("crash") or a hang ("hung") of the ready server, with why.
+        self.on_crash = on_crash
         #: A crash is noticed within 0.25 s by default; cheaper than polling at poll_s.
-        self.tick_s = sup.poll_s * 2.5
+        self.tick_s = parts.poll_s * 2.5
         self.liveness_failures = 0
+        #: The server ``liveness_failures`` counts for: a new one starts from 0.
+        self._failing: ServerInfo | None = None
         self._liveness: asyncio.Task[Probe] | None = None
         #: The server the probe in flight asks (a result about another one is dropped).
         self._probed: object | None = None
@@ -48,8 +58,8 @@ class Watcher:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        now = self.sup.clock()
-        self._next_liveness = now + self.sup.settings.timeouts.liveness_interval_s
+        now = self.parts.clock()
+        self._next_liveness = now + self.parts.settings.timeouts.liveness_interval_s
         self._next_telemetry = now + TELEMETRY_INTERVAL_S
         self._task = asyncio.create_task(self._run(), name="watch")
 
@@ -61,9 +71,6 @@ class Watcher:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    def reset_liveness(self) -> None:
-        self.liveness_failures = 0
-
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.tick_s)
@@ -73,46 +80,49 @@ class Watcher:
                 log.exception("watch tick failed")
 
     def _watching(self) -> bool:
-        sup = self.sup
-        return sup.operation is None and sup.state == S.READY and sup.server is not None
+        record = self.record
+        return self.ops.current is None and record.state == S.READY and record.server is not None
 
     async def tick(self) -> None:
         """One look at the server: exit now; liveness and telemetry when due."""
-        sup = self.sup
-        now = sup.clock()
-        server = sup.server
+        now = self.parts.clock()
+        server = self.record.server
         if self._watching() and server is not None and server.handle.poll():
-            sup.on_crash("crash", await exit_reason(server.handle, "while ready"))
+            self.on_crash("crash", await exit_reason(server.handle, "while ready"))
         self._liveness_tick(now)
         if now >= self._next_telemetry and (self._telemetry is None or self._telemetry.done()):
             self._next_telemetry = now + TELEMETRY_INTERVAL_S
             # The last read into the history and the diagnosis (a server not serving: none).
-            load = sup.throughput if sup.state in (S.READY, S.DRAINING) else Throughput()
-            sup.history.record(load)
-            sup.diagnoser.observe(load)
+            record = self.record
+            load = record.throughput if record.state in (S.READY, S.DRAINING) else Throughput()
+            self.parts.history.record(load)
+            self.parts.diagnoser.observe(load)
             self._telemetry = asyncio.create_task(self._read_telemetry(), name="telemetry")
 
     def _liveness_tick(self, now: float) -> None:
-        sup = self.sup
-        t = sup.settings.timeouts
+        parts, record = self.parts, self.record
+        t = parts.settings.timeouts
+        if self._failing is not record.server:
+            # A new server (or none): failures of an earlier one never count against it.
+            self._failing, self.liveness_failures = record.server, 0
         probe = self._liveness
         if probe is not None and probe.done():
             self._liveness = None
             result = None if probe.cancelled() or probe.exception() else probe.result()
-            if result is not None and self._probed is sup.server:
+            if result is not None and self._probed is record.server:
                 self._judge(result)
         if self._liveness is None and now >= self._next_liveness:
             self._next_liveness = now + t.liveness_interval_s
             if not self._watching():
                 self.liveness_failures = 0
                 return
-            self._probed = sup.server
+            self._probed = record.server
             self._liveness = asyncio.create_task(
-                sup.health.generate_ok(sup.url, t.liveness_timeout_s), name="liveness"
+                parts.health.generate_ok(parts.url, t.liveness_timeout_s), name="liveness"
             )
 
     def _judge(self, probe: Probe) -> None:
-        t = self.sup.settings.timeouts
+        t = self.parts.settings.timeouts
         if probe.ok or not self._watching():
             self.liveness_failures = 0
             return
@@ -125,28 +135,28 @@ class Watcher:
         )
         if self.liveness_failures >= t.liveness_failures:
             self.liveness_failures = 0
-            self.sup.on_crash(
+            self.on_crash(
                 "hung",
                 f"hung: {t.liveness_failures} consecutive liveness probes failed "
                 f"(last: {probe.detail})",
             )
 
     async def _read_telemetry(self) -> None:
-        sup = self.sup
-        server = sup.server
+        parts, record = self.parts, self.record
+        server = record.server
         if server is None:
-            sup.throughput = Throughput()  # no server, no load: never show a stale one
+            record.throughput_read(Throughput())  # no server, no load: never show a stale one
             return
         await asyncio.to_thread(
-            serverlogs.bound_size, server.handle.log_path, sup.settings.server.log_max_mib * MiB
+            serverlogs.bound_size, server.handle.log_path, parts.settings.server.log_max_mib * MiB
         )
-        if sup.state not in (S.READY, S.DRAINING):
+        if record.state not in (S.READY, S.DRAINING):
             return
-        text = await sup.health.metrics_text(sup.url, 2.0)
+        text = await parts.health.metrics_text(parts.url, 2.0)
         if text is not None:
             with contextlib.suppress(ValueError):
-                sup.throughput = parse_metrics(text)
+                record.throughput_read(parse_metrics(text))
                 return
         fallback = await asyncio.to_thread(last_decode_line, server.handle.log_path)
         if fallback is not None:
-            sup.throughput = fallback
+            record.throughput_read(fallback)

@@ -31,6 +31,7 @@ from sglang_supervisor.host.process import describe_exit
 from sglang_supervisor.host.teardown import Survivor, TeardownReport
 from sglang_supervisor.observe.health import Probe
 from sglang_supervisor.sglang.parser import load_schema
+from sglang_supervisor.sglang.router import WorkerLink
 from sglang_supervisor.sglang.schema import load_bundled
 from sglang_supervisor.states import ServerState
 from sglang_supervisor.store import Store
@@ -704,13 +705,16 @@ def make_rig(
     settings: Settings | None = None,
     backend_name: str = "simulated",
     clock: Callable[[], float] = time.monotonic,
+    health: FakeHealth | None = None,
+    router: WorkerLink | None = None,
     **settings_kw: Any,
 ) -> Rig:
     """A Supervisor wired to fakes; pass ``probe``/``procs`` to share one fake host, and
-    a ``FakeClock`` to decide when the liveness probes and backoffs are due."""
+    a ``FakeClock`` to decide when the liveness probes and backoffs are due. ``health``
+    (built on ``procs``) and ``router`` replace the fake probes and the absent router."""
     probe = probe or (procs.probe if procs is not None else FakeProbe())
     procs = procs or FakeProcessOps(probe)
-    health = FakeHealth(procs)
+    health = health or FakeHealth(procs)
     settings = settings or make_settings(state_dir, **settings_kw)
     sup = Supervisor(
         settings,
@@ -728,5 +732,6 @@ def make_rig(
         store=Store(state_dir),
         poll_s=0.005,
         clock=clock,
+        router=router,
     )
     return Rig(sup, probe, procs, health, settings)

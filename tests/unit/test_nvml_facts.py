@@ -45,9 +45,9 @@ def test_resolution_facts_come_from_nvml_not_the_name(
     """A GPU whose name the table does not know (a future one) still gets SGLang's
     resolution, with NVML's capability and driver version."""
     rig = make_rig(tmp_path, backend_name="sglang")
-    rig.sup.managed = [
-        GpuInfo(i, f"GPU-{i}", "NVIDIA Future GPU", 141 << 30, (10, 3), "590.1") for i in range(2)
-    ]
-    facts = gpu_facts(rig.sup)
+    rig.sup.record.gpus_resolved(
+        [GpuInfo(i, f"GPU-{i}", "NVIDIA Future GPU", 141 << 30, (10, 3), "590.1") for i in range(2)]
+    )
+    facts = gpu_facts(rig.sup.parts, rig.sup.managed)
     assert isinstance(facts, GpuFacts)
     assert facts.capability == (10, 3) and facts.driver_version == "590.1"

@@ -25,9 +25,9 @@ SLOW_S = 0.3
 def slow_validation(monkeypatch: pytest.MonkeyPatch) -> None:
     real = checks.validate_with_sglang
 
-    async def slow(sup: Any, requested: LeverSet) -> Any:
+    async def slow(parts: Any, record: Any, requested: LeverSet) -> Any:
         await asyncio.sleep(SLOW_S)  # stands for SGLang answering slowly
-        return await real(sup, requested)
+        return await real(parts, record, requested)
 
     monkeypatch.setattr(checks, "validate_with_sglang", slow)
 

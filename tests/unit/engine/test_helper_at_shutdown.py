@@ -30,10 +30,10 @@ def test_a_helper_lost_to_the_daemons_stop_is_not_a_degraded_sglang(
 
     async def main() -> None:
         await rig.start_ready()
-        rig.sup.sglang = replace(rig.sup.sglang, validation=CHECKING)
+        rig.sup.record.sglang_learned(replace(rig.sup.sglang, validation=CHECKING))
         if closing:
             rig.sup.stop_request.request()
-        await validation.check_sglang(rig.sup)
+        await validation.check_sglang(rig.sup.parts, rig.sup.record, rig.sup.stop_request)
 
     asyncio.run(main())
     if closing:

@@ -147,9 +147,8 @@ def test_an_apply_of_the_serving_levers_restarts_nothing(tmp_path: Path) -> None
 def test_a_router_that_cannot_take_the_new_server_refuses_the_apply_up_front(
     tmp_path: Path, fault: str
 ) -> None:
-    rig = make_rig(tmp_path)
     router = FakeRouter()
-    rig.sup.router = router
+    rig = make_rig(tmp_path, router=router)
 
     async def main() -> None:
         await rig.start_ready()

@@ -11,13 +11,22 @@ from pathlib import Path
 import pytest
 
 from sglang_supervisor.engine import transaction
-from sglang_supervisor.engine.server import pause as real_pause
+from sglang_supervisor.engine.boundaries import pause as real_pause
 from sglang_supervisor.observe.health import Probe
 from sglang_supervisor.operations import ROLLED_BACK, SUCCEEDED, Operation
 from sglang_supervisor.phases import OpKind
-from tests.unit.engine.common import S, apply, idle, ops_of
+from tests.unit.engine.common import S, apply, idle, ops_of, settle
 from tests.unit.engine.test_router_steps import FakeRouter
-from tests.unit.fakes import Behaviour, FakeClock, FakeHealth, make_rig, run, until
+from tests.unit.fakes import (
+    Behaviour,
+    FakeClock,
+    FakeHealth,
+    FakeProbe,
+    FakeProcessOps,
+    make_rig,
+    run,
+    until,
+)
 
 
 class HeldHealth(FakeHealth):
@@ -53,9 +62,16 @@ def test_a_failed_liveness_probe_of_the_earlier_server_is_not_held_against_the_n
 ) -> None:
     # One failed probe is enough to call a server hung: a stale result would restart B.
     clock = FakeClock()
-    rig = make_rig(tmp_path, clock=clock, liveness_failures=1, liveness_interval_s=5.0)
-    health = HeldHealth(rig.procs)
-    rig.sup.health = health
+    procs = FakeProcessOps(FakeProbe())
+    health = HeldHealth(procs)
+    rig = make_rig(
+        tmp_path,
+        procs=procs,
+        health=health,
+        clock=clock,
+        liveness_failures=1,
+        liveness_interval_s=5.0,
+    )
     interval = rig.settings.timeouts.liveness_interval_s
 
     async def main() -> None:
@@ -102,10 +118,10 @@ def test_backoff_doubles_after_each_failure_up_to_backoff_max_s(
     )
     waits: list[float] = []
 
-    async def backoff_on_the_fake_clock(sup: object, op: Operation, seconds: float) -> None:
+    async def backoff_on_the_fake_clock(stop: object, op: Operation, seconds: float) -> None:
         waits.append(seconds)
         clock.sleep(seconds)  # the wait passes at once on the fake clock
-        await real_pause(rig.sup, op, 0)  # a cancel or shutdown is still honoured
+        await real_pause(rig.sup.stop_request, op, 0)  # a cancel or shutdown is still honoured
 
     # transaction.pause is the backoff's wait (the only pause of transaction.py).
     monkeypatch.setattr(transaction, "pause", backoff_on_the_fake_clock)
@@ -133,9 +149,8 @@ def test_backoff_doubles_after_each_failure_up_to_backoff_max_s(
 
 
 def test_a_rollback_puts_the_last_good_server_back_in_the_router(tmp_path: Path) -> None:
-    rig = make_rig(tmp_path)
     router = FakeRouter()
-    rig.sup.router = router
+    rig = make_rig(tmp_path, router=router)
 
     async def main() -> None:
         await rig.start_ready()
@@ -149,6 +164,46 @@ def test_a_rollback_puts_the_last_good_server_back_in_the_router(tmp_path: Path)
         assert router.listed, "the last-good server serves, but not in the router"
         names = [p.name for p in op.phases]
         assert "rollback_router_add" in names, names
+        await rig.sup.shutdown()
+
+    run(main)
+
+
+def test_liveness_failures_of_an_earlier_server_never_count_against_a_new_one(
+    tmp_path: Path,
+) -> None:
+    """Two failed probes in a row call a server hung. The first server fails one, an
+    operator restarts it, and the new server fails one, then answers: that is one failure
+    of the new server, not the second in a row (the watcher counts per server)."""
+    clock = FakeClock()
+    rig = make_rig(tmp_path, clock=clock, liveness_failures=2, liveness_interval_s=5.0)
+    interval = rig.settings.timeouts.liveness_interval_s
+
+    async def main() -> None:
+        await rig.start_ready()
+        first = rig.procs.handles[0]
+        first.hung = True
+        clock.sleep(interval)
+        await until(lambda: rig.sup.watch.liveness_failures == 1, what="one failed probe of A")
+        first.hung = False  # it only needs the restart now
+        await settle(rig, await rig.sup.submit_restart())
+        second = rig.procs.handles[1]
+        assert rig.procs.current() is second and idle(rig, S.READY)
+        second.hung = True
+        before = second.probes
+        clock.sleep(interval)  # one probe of the new server is due, and fails
+        await until(lambda: second.probes > before, what="a probe of the new server")
+        second.hung = False
+        # The next probe starts only once the failed one has been judged (and not while
+        # a recovery runs): either it runs, or the failure was taken for the second.
+        clock.sleep(interval)
+        await until(
+            lambda: second.probes > before + 1 or bool(ops_of(rig, OpKind.RECOVER)),
+            what="the next probe of the new server, or a recovery",
+        )
+        assert not ops_of(rig, OpKind.RECOVER), "one failed probe of B was taken for two"
+        assert rig.sup.restarts_by_reason == {}
+        assert rig.procs.current() is second
         await rig.sup.shutdown()
 
     run(main)

@@ -49,9 +49,8 @@ class FakeRouter:
 
 
 def test_a_hung_server_leaves_the_router_before_its_teardown(tmp_path: Path) -> None:
-    rig = make_rig(tmp_path)
     router = FakeRouter()
-    rig.sup.router = router
+    rig = make_rig(tmp_path, router=router)
     listed_at_teardown: list[bool] = []
     teardown = rig.procs.teardown
 
@@ -79,9 +78,8 @@ def test_a_hung_server_leaves_the_router_before_its_teardown(tmp_path: Path) -> 
 
 
 def test_stop_keeps_it_out_and_start_puts_it_back(tmp_path: Path) -> None:
-    rig = make_rig(tmp_path)
     router = FakeRouter()
-    rig.sup.router = router
+    rig = make_rig(tmp_path, router=router)
 
     async def main() -> None:
         await rig.start_ready()
@@ -97,9 +95,8 @@ def test_stop_keeps_it_out_and_start_puts_it_back(tmp_path: Path) -> None:
 
 
 def test_a_router_that_does_not_answer_never_holds_up_a_crash_recovery(tmp_path: Path) -> None:
-    rig = make_rig(tmp_path)
     router = FakeRouter()
-    rig.sup.router = router
+    rig = make_rig(tmp_path, router=router)
 
     async def main() -> None:
         await rig.start_ready()
@@ -124,9 +121,8 @@ def test_an_unexpected_error_after_the_stop_puts_the_last_good_server_back_in(
     """Popen raised a non-OSError after the apply had taken the server out of the router:
     the containment starts the last-good levers again, and they serve in the router too
     (not left serving where no client behind the router can reach it)."""
-    rig = make_rig(tmp_path)
     router = FakeRouter()
-    rig.sup.router = router
+    rig = make_rig(tmp_path, router=router)
 
     async def main() -> None:
         await rig.start_ready()
