@@ -48,6 +48,7 @@ from sglang_supervisor_api.auth import AuthConfigError, load_tokens
 from sglang_supervisor_api.daemon_signals import DaemonSignals, process_signals
 from sglang_supervisor_api.instance_lock import InstanceBusy, accept_and_close, hold_instance
 from sglang_supervisor_api.logsetup import UVICORN_LOG_CONFIG
+from sglang_supervisor_api.reconcile import after_sighup
 from sglang_supervisor_api.reload import reload_settings
 from sglang_supervisor_api.state_lock import StateDirBusy, lock_state_dir
 from sglang_supervisor_api.tls import check_tls, reload_certificate
@@ -340,6 +341,9 @@ async def _serve_owned(
     sup.on_transition.append(on_transition)
     server = _ApiServer(config)
 
+    app.state.load_settings = load_settings  # POST /reconcile re-reads the config
+    reconciles: set[asyncio.Task[Any]] = set()  # a SIGHUP's (levers_source = "config")
+
     def reload() -> None:
         if load_settings is None:
             log.warning("reload (SIGHUP): no config to re-read; nothing changed")
@@ -347,7 +351,11 @@ async def _serve_owned(
         now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         sdnotify.notify(f"RELOADING=1\nMONOTONIC_USEC={now_us}")
         reload_settings(
-            load_settings, settings, app.state.access, log_level_pinned=log_level is not None
+            load_settings,
+            settings,
+            app.state.access,
+            log_level_pinned=log_level is not None,
+            on_new=lambda new: after_sighup(sup, new, reconciles),
         )
         # A renewed certificate at the same paths (config.ssl: set once uvicorn loaded it).
         reload_certificate(getattr(config, "ssl", None), settings.api)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from sglang_supervisor.engine import persisted as persisted_levers
 from sglang_supervisor.engine import routing
 from sglang_supervisor.engine.checks import refuse_if_foreign
+from sglang_supervisor.engine.desired import levers_to_start
 from sglang_supervisor.engine.probation import watch_probation
 from sglang_supervisor.engine.release import members_now, stop_and_release, teardown
 from sglang_supervisor.engine.rollback import roll_back
@@ -32,7 +33,7 @@ from sglang_supervisor.host.backend import ServerHandle
 from sglang_supervisor.host.gpu import GpuInfo, GpuQueryError, resolve_gpus
 from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
 from sglang_supervisor.phases import PhaseName, PhasePrefix, prefixed
-from sglang_supervisor.sglang.levers import LeverError, LeverSet, check_levers
+from sglang_supervisor.sglang.levers import LeverSet
 from sglang_supervisor.states import ServerState
 from sglang_supervisor.store import RecordedServer
 
@@ -71,14 +72,8 @@ async def prepare(sup: Supervisor) -> None:
     # against this one (an upgrade may have renamed a flag); misfits are kept, not lost.
     choice = await persisted_levers.choose(sup, persisted)
     sup.last_good = choice.last_good
-    initial = choice.levers
-    if initial is None:
-        configured = LeverSet(sup.settings.server.levers, sup.settings.server.env)
-        try:
-            initial = check_levers(configured, sup.schema)
-        except LeverError as exc:
-            raise ValueError(f"the configured initial levers are invalid: {exc}") from exc
-    sup.levers = initial
+    # The persisted set, else the config's; with levers_source = "config" the config's.
+    sup.levers = levers_to_start(sup, choice.levers)
     sup.sglang = after_schema(
         sup.schema.sglang_version, sup.schema_live, sup.schema_warning, gpu_facts(sup) is not None
     )

@@ -19,6 +19,7 @@ from typing import Any
 
 from sglang_supervisor.config import Settings, instance_tag_prefix
 from sglang_supervisor.engine import checks, operator_requests, rollback, startup, transaction
+from sglang_supervisor.engine.desired import DesiredLevers, reconcile
 from sglang_supervisor.engine.journal import Journal
 from sglang_supervisor.engine.plan_inputs import PlanInputs, plan_inputs
 from sglang_supervisor.engine.registry import OperationRegistry
@@ -126,6 +127,7 @@ class Supervisor:
         #: While a new server is on probation: ``{"until", "probes_ok", "pid"}`` (None:
         #: not on probation). /readyz answers 503 meanwhile.
         self.probation: dict[str, Any] | None = None
+        self.desired = DesiredLevers()  # when the config's levers were read, last reconcile
 
     # --------------------------------------------------------- the operations
 
@@ -340,6 +342,10 @@ class Supervisor:
             force_restart=force_restart,
             without_router=without_router,
         )
+
+    async def submit_reconcile(self, trigger: str, dry_run: bool, drain_s: float) -> Operation:
+        """The config's levers as one apply (``desired.reconcile``); LeverError, Busy."""
+        return await reconcile(self, trigger=trigger, dry_run=dry_run, drain_timeout_s=drain_s)
 
     def submit_stop(self) -> Operation:
         """Stop the server and verify its GPUs released; it stays stopped (across daemon

@@ -15,6 +15,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from sglang_supervisor.engine.desired import DesiredView
+from sglang_supervisor.engine.desired import snapshot as desired_snapshot
 from sglang_supervisor.engine.release import members_now
 from sglang_supervisor.host.gpu import GpuInfo, GpuQueryError
 from sglang_supervisor.observe.telemetry import Throughput
@@ -108,6 +110,8 @@ class SupervisorView:
     loading: str | None = None
     #: Which SGLang answers validation (``SglangInfo.to_json``).
     sglang: Mapping[str, Any] | None = None
+    #: The config's levers, the desired state (``engine/desired.py``: drift, reconcile).
+    desired: DesiredView | None = None
 
     @property
     def gpu_indices(self) -> list[int]:
@@ -151,6 +155,8 @@ class SupervisorView:
             if self.last_drain_s is None
             else {"duration_s": round(self.last_drain_s, 3), "requests_left": self.last_drain_left},
             "probation": None if self.probation is None else dict(self.probation),
+            # drift (config vs serving) and levers_config: engine/desired.py
+            **({} if self.desired is None else self.desired.status_json(self)),
         }
 
 
@@ -226,6 +232,7 @@ def snapshot(sup: Supervisor) -> SupervisorView:
         probation=None if sup.probation is None else frozen_map(sup.probation),
         loading=sup.loading,
         sglang=frozen_map(sup.sglang.to_json()),
+        desired=desired_snapshot(sup),
     )
 
 
