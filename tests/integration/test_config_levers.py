@@ -6,6 +6,7 @@ invalid config is refused with the server untouched)."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -19,8 +20,12 @@ LEVERS = {"model_path": "sim/llama", "tensor-parallel-size": 2, "mem_fraction_st
 
 
 def reconcile_cli(d: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
+    return cli(d, "reconcile", *args)
+
+
+def cli(d: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sglang_supervisor_api.cli", "reconcile", *args, "--url", d.url],
+        [sys.executable, "-m", "sglang_supervisor_api.cli", *args, "--url", d.url],
         capture_output=True,
         text=True,
         timeout=120,
@@ -79,6 +84,9 @@ def test_drift_follows_api_changes_and_sighup_and_reconcile_restores_the_config(
         "the drift with the edited config's value",
     )
     assert d.status()["server"]["pid"] == pid
+    shown = cli(d, "status")
+    assert "drift from the config" in shown.stdout, shown.stdout
+    assert re.search(r"mem_fraction_static +0\.82 +0\.8\n", shown.stdout), shown.stdout
 
     # A dry run changes nothing.
     before_ops = len(operations(d))
