@@ -145,6 +145,8 @@ async def reconcile(
         _record(sup, trigger, dry_run, "busy", message=str(exc))
         raise
     _record(sup, trigger, dry_run, "accepted", operation=op.id)
+    if op.phases:  # the operation says where it came from (its kind stays "apply")
+        op.phases[0].detail = f"reconcile ({trigger}): the config's levers; {op.phases[0].detail}"
     return op
 
 

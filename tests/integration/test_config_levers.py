@@ -110,6 +110,7 @@ def test_drift_follows_api_changes_and_sighup_and_reconcile_restores_the_config(
     ops = operations(d)
     assert len(ops) == before_ops + 2  # the dry run, then the one reconcile
     assert ops[0]["kind"] == "apply" and ops[0]["state"] == "succeeded"
+    assert ops[0]["phases"][0]["detail"].startswith("reconcile (POST /reconcile): the config's")
     assert st["levers_config"]["last_reconcile"]["operation"] == ops[0]["id"]
 
     # Without drift: succeeded, the same server, nothing restarted.
