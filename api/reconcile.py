@@ -132,7 +132,16 @@ def after_sighup(sup: Supervisor, new: Settings, tasks: set[asyncio.Task[Any]]) 
     operation, started here and kept in ``tasks``; a refusal is in /status's warnings and
     ``levers_config.last_reconcile``). Returns what changed."""
     changed = reread(sup, new)
-    if new.server.levers_source == "config":
+    loading = sup.view().loading
+    if new.server.levers_source == "config" and loading is not None:
+        # No operation may run yet; the start-up launches the config's levers unless it
+        # had chosen its levers already: then a reconcile once it is up applies these.
+        log.warning(
+            "reconcile (SIGHUP) not run: the daemon is still starting (loading %s); "
+            "`sglang-supervisor reconcile` once it is up applies the config",
+            loading,
+        )
+    elif new.server.levers_source == "config":
         task = asyncio.ensure_future(_reconcile_on_sighup(sup))
         tasks.add(task)
         task.add_done_callback(tasks.discard)

@@ -204,3 +204,26 @@ def test_levers_source_config_wins_over_the_last_applied_at_daemon_start(
     st = d.status()
     assert st["levers"]["mem_fraction_static"] == 0.85, st["levers"]
     assert st["drift"] == []
+
+
+def test_a_sighup_during_start_up_starts_no_operation_and_the_start_up_takes_the_edit(
+    daemon_factory: type[Daemon], tmp_path: Path
+) -> None:
+    slow = tmp_path / "slow-python"  # asking it for SGLang takes 6 s: start-up is slow
+    slow.write_text("#!/bin/sh\nexec sleep 6\n")
+    slow.chmod(0o755)
+    d = daemon_factory(
+        gpus=2, levers=LEVERS, extra={"server": {"levers_source": "config", "python": str(slow)}}
+    )
+    d.spawn()
+    wait_until(lambda: (s := d.status_or_none()) and s["loading"], 30, 0.05, "start-up loading")
+    edit_config(d, 'mem_fraction_static = "0.85"', "mem_fraction_static = 0.8")
+    sighup(d)
+    st = d.wait_state("ready", 60)
+    # One operation: the start-up's, with the edited levers; no apply ran beside it (nor
+    # was one refused for a daemon that had not found its GPUs yet).
+    assert [op["kind"] for op in operations(d)] == ["start"]
+    assert st["levers"]["mem_fraction_static"] == 0.8 and st["drift"] == []
+    assert st["levers_config"]["last_reconcile"] is None
+    assert not [w for w in st["warnings"] if "reconcile" in w], st["warnings"]
+    assert "reconcile (SIGHUP) not run: the daemon is still starting" in d.log()
