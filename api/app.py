@@ -14,7 +14,7 @@ from sglang_supervisor.engine import Supervisor
 from sglang_supervisor.observe.metrics import SupervisorMetrics
 from sglang_supervisor.observe.oplog import log_operation_end
 from sglang_supervisor.version import version
-from sglang_supervisor_api import event_routes, history_routes, page, plan, routes
+from sglang_supervisor_api import event_routes, history_routes, page, plan, reconcile, routes
 from sglang_supervisor_api.auth import ApiAccess, GuardMiddleware
 from sglang_supervisor_api.openapi import build_openapi
 from sglang_supervisor_api.request_guard import BrowserGuardMiddleware, HostPolicy, known_query
@@ -56,6 +56,7 @@ def create_app(
     app.include_router(event_routes.router)
     app.include_router(history_routes.router)
     app.include_router(plan.router)
+    app.include_router(reconcile.router)
     app.include_router(page.router)
 
     def openapi() -> dict[str, Any]:

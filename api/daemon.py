@@ -22,10 +22,9 @@ import logging
 import logging.handlers
 import os
 import signal
-import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,9 @@ from sglang_supervisor_api.audit_file import _audit_to_file
 from sglang_supervisor_api.auth import AuthConfigError, load_tokens
 from sglang_supervisor_api.daemon_signals import DaemonSignals, process_signals
 from sglang_supervisor_api.instance_lock import InstanceBusy, accept_and_close, hold_instance
+from sglang_supervisor_api.listener import ApiServer, listen_socket
 from sglang_supervisor_api.logsetup import UVICORN_LOG_CONFIG
+from sglang_supervisor_api.reconcile import on_sighup
 from sglang_supervisor_api.reload import reload_settings
 from sglang_supervisor_api.server_journal import server_log_forwarder
 from sglang_supervisor_api.state_lock import StateDirBusy, lock_state_dir
@@ -90,34 +91,6 @@ async def _notify_when_listening(server: uvicorn.Server, sup: Supervisor) -> Non
         # Sent from the event loop: a blocked loop stops the pings and systemd notices.
         sdnotify.notify("WATCHDOG=1")
         await asyncio.sleep(interval)
-
-
-def listen_socket(config: uvicorn.Config) -> socket.socket:
-    """The API's listening socket, bound by uvicorn, with Nagle off on every connection.
-
-    uvicorn's ``bind_socket`` creates it with protocol 0, and asyncio sets TCP_NODELAY
-    only on accepted sockets whose protocol reads IPPROTO_TCP: every kept-alive answer
-    (written as headers, then body) then waited ~40 ms for the client's delayed ACK.
-    Re-wrapping the descriptor lets the kernel report the real protocol (TCP), and the
-    listener's own TCP_NODELAY is inherited by what it accepts. Raises ``SystemExit``
-    (uvicorn logged why) when it cannot bind.
-    """
-    bound = config.bind_socket()
-    if bound.family not in (socket.AF_INET, socket.AF_INET6):
-        return bound  # a Unix socket: no Nagle
-    sock = socket.socket(fileno=bound.detach())  # family, type and protocol read back
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-class _ApiServer(uvicorn.Server):
-    """uvicorn without its own signal handlers: the daemon's decide, and stop it through
-    ``should_exit`` / ``force_exit`` (uvicorn would replace them while serving, then
-    re-raise the signal it caught once serving ends)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 class _Stopping:
@@ -339,7 +312,10 @@ async def _serve_owned(
         sdnotify.notify(f"STATUS=server {new}: {reason[:200]}")
 
     sup.on_transition.append(on_transition)
-    server = _ApiServer(config)
+    server = ApiServer(config)
+
+    app.state.load_settings = load_settings  # POST /reconcile re-reads the config
+    sighup_levers = on_sighup(sup)  # the desired levers; levers_source = "config" reconciles
 
     def reload() -> None:
         if load_settings is None:
@@ -348,7 +324,11 @@ async def _serve_owned(
         now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         sdnotify.notify(f"RELOADING=1\nMONOTONIC_USEC={now_us}")
         reload_settings(
-            load_settings, settings, app.state.access, log_level_pinned=log_level is not None
+            load_settings,
+            settings,
+            app.state.access,
+            log_level_pinned=log_level is not None,
+            on_new=sighup_levers,
         )
         # A renewed certificate at the same paths (config.ssl: set once uvicorn loaded it).
         reload_certificate(getattr(config, "ssl", None), settings.api)

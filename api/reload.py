@@ -4,8 +4,11 @@ Reloaded: the bearer token (``$SGLANG_SUPERVISOR_TOKEN`` or ``[api] token_file``
 read-only one (``$SGLANG_SUPERVISOR_READ_TOKEN`` or ``[api] read_token_file``),
 ``[api] metrics_public``, every ``[timeouts]`` value (each is read when next used),
 ``keep_server_on_exit`` and ``log_level`` (and the daemon re-reads the TLS certificate:
-``sglang_supervisor_api.tls.reload_certificate``). Everything else (the API address, the state
-dir, the instance, the server's GPUs, port and initial levers, the simulator) is logged
+``sglang_supervisor_api.tls.reload_certificate``), and the levers' desired state —
+``[server.levers]``, ``[server.env]``, ``server.levers_source`` — through ``on_new``
+(``sglang_supervisor_api.reconcile.after_sighup``: /status's drift follows; with
+``levers_source = "config"`` the server is reconciled to them). Everything else (the API
+address, the state dir, the instance, the server's GPUs and port, the simulator) is logged
 as needing a daemon restart; a config that does not load, or an unsafe token, changes
 nothing (the error is logged and the daemon keeps its settings).
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from sglang_supervisor.config import Settings
+from sglang_supervisor.config import ServerSettings, Settings
 from sglang_supervisor_api.auth import ApiAccess, AuthConfigError, load_tokens
 
 log = logging.getLogger("supervisor")
@@ -40,9 +43,11 @@ def reload_settings(
     access: ApiAccess,
     *,
     log_level_pinned: bool,
+    on_new: Callable[[Settings], list[str]] | None = None,
 ) -> list[str]:
     """Apply the reloadable part of ``load()`` to ``running`` (the daemon's and the
-    supervisor's settings object) and ``access``; returns what changed, one entry each."""
+    supervisor's settings object) and ``access``; returns what changed, one entry each.
+    ``on_new`` takes the rest it can (the levers' desired state) from a config that loaded."""
     try:
         new = load()
     except ValueError as exc:
@@ -85,6 +90,8 @@ def reload_settings(
         else:
             apply_log_level(new.log_level)
             changed.append(f"log_level = {new.log_level}")
+    if on_new is not None:
+        changed += on_new(new)
     stale = [name for name in RESTART_ONLY if _differs(running, new, name)]
     stale += [f"api.{k}" for k in RESTART_ONLY_API if _differs(running.api, new.api, k)]
     if stale:
@@ -97,9 +104,15 @@ def reload_settings(
     return changed
 
 
+#: ``[server]`` keys a SIGHUP takes (``on_new``): the levers' desired state.
+RELOADED_SERVER = {"levers", "env", "levers_source"}
+
+
 def _differs(a: object, b: object, dotted: str) -> bool:
     for part in dotted.split("."):
         a, b = getattr(a, part), getattr(b, part)
+    if isinstance(a, ServerSettings) and isinstance(b, ServerSettings):
+        return a.model_dump(exclude=RELOADED_SERVER) != b.model_dump(exclude=RELOADED_SERVER)
     return bool(a != b)
 
 

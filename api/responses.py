@@ -198,6 +198,12 @@ class HistoryAnswer(BaseModel):
     token_usage: list[float | None]
 
 
+class DriftModel(BaseModel):
+    lever: str = Field(description="a lever's dest name, or env.NAME")
+    config: Any = Field(description="the config's value; null: not in the config")
+    serving: Any = Field(description="the serving value; null: not set")
+
+
 class StatusAnswer(_Open):
     version: str = Field(description="the daemon's version")
     state: str = Field(description="stopped, starting, ready, draining, stopping, ...")
@@ -233,6 +239,19 @@ class StatusAnswer(_Open):
         "version of the planner's formulas and range tables)",
     )
     warnings: list[str]
+    drift: list[DriftModel] | None = Field(
+        None,
+        description="the levers (env vars as env.NAME) where the config's [server.levers] / "
+        "[server.env] and the serving set differ, compared by SGLang's canonical names "
+        "(--tp is tp_size); [] when none. `sglang-supervisor reconcile` applies the config's",
+    )
+    levers_config: dict[str, Any] | None = Field(
+        None,
+        description="the config's levers as the desired state: levers_source (api | "
+        "config), read_at (daemon start, SIGHUP, POST /reconcile), serving (what the drift "
+        "compares with: the running server's levers, or with none running the set the next "
+        "start launches), problems (config levers the schema refuses), last_reconcile",
+    )
     probation: dict[str, Any] | None = Field(
         None,
         description="while a new server of an apply is on probation: until (ISO time), "

@@ -86,9 +86,16 @@ class ServerSettings(_Section):
     port: int = Field(30000, ge=1, le=65535)
     #: Managed GPUs, by NVML index or UUID. Empty in real mode means "all GPUs NVML sees".
     gpus: list[str] = Field(default_factory=list)
-    #: The initial levers (used when the state dir holds none yet).
+    #: The levers the config asks for: the initial levers (used when the state dir holds
+    #: none yet), and the desired state that /status's ``drift`` compares with the serving
+    #: set and ``reconcile`` applies. SIGHUP re-reads them.
     levers: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
+    #: Who owns the levers. "api" (default): changes through the API stay until the next
+    #: change; a SIGHUP only refreshes ``drift``. "config": the config file does — a
+    #: SIGHUP (systemd ExecReload) reconciles the server to ``[server.levers]`` and
+    #: ``[server.env]``, and at daemon start they win over the last applied set (docs/systemd.md).
+    levers_source: Literal["api", "config"] = "api"
     #: Working directory of the server process.
     cwd: str | None = None
     #: How the server is launched: "local" (a process tree on this host) or "slurm" (one

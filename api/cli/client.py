@@ -311,6 +311,20 @@ class Client:
         )
         return dict(data["operation"])
 
+    def reconcile(
+        self, *, dry_run: bool = False, drain_timeout_s: float = 0.0, wait: bool = False
+    ) -> Json:
+        """``POST /reconcile``: the daemon re-reads its config and applies its levers;
+        returns the operation. Raises ``Invalid`` (422) or ``Busy`` (409)."""
+        data = self._json(
+            "POST",
+            "/reconcile",
+            params={"wait": "true" if wait else "false"},
+            json_body={"dry_run": dry_run, "drain_timeout_s": drain_timeout_s},
+            timeout_s=None if not wait else OPERATION_WAIT_S,
+        )
+        return dict(data["operation"])
+
     def control(self, kind: str, *, wait: bool = False) -> Json:
         """``POST /stop``, ``/start`` or ``/restart``; returns the operation. Raises ``Busy``."""
         if kind not in ("stop", "start", "restart"):

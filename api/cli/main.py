@@ -30,6 +30,7 @@ from sglang_supervisor_api.cli.inspect_commands import (
 from sglang_supervisor_api.cli.operation_commands import cmd_apply, cmd_cancel, cmd_control
 from sglang_supervisor_api.cli.options import add_client_options, add_follow_options
 from sglang_supervisor_api.cli.plan import add_plan_parser, run_plan
+from sglang_supervisor_api.cli.reconcile import add_reconcile_parser
 from sglang_supervisor_api.cli.rollout import add_rollout_parser, run_rollout
 from sglang_supervisor_api.cli.runner import ClientCommand, run_client_command
 from sglang_supervisor_api.cli.serve import add_serve_parser, run_serve
@@ -149,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_parser(sub)
     add_rollout_parser(sub)
+    add_reconcile_parser(sub)
     add_cleanup_parser(sub)
     add_completion_parser(sub)
     return parser

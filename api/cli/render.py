@@ -194,6 +194,17 @@ def render_status(s: Json) -> str:
         lines.append("levers: none set (SGLang's defaults)")
     if s.get("last_good_levers") is None:
         lines.append("  no last-good levers yet")
+    # Where the config file's levers differ (`sglang-supervisor reconcile` applies them).
+    drift = [
+        (str(d.get("lever")), value(d.get("config")), value(d.get("serving")))
+        for d in s.get("drift") or []
+    ]
+    if drift:
+        lines += [
+            "",
+            "drift from the config (reconcile applies it)",
+            table(drift, header=("LEVER", "CONFIG", "SERVING"), indent=2),
+        ]
 
     gpus = s.get("gpus") or []
     if gpus:

@@ -27,7 +27,9 @@ DESCRIPTION = (
     "stops it gracefully (the server is stopped and its GPUs verified released, or left "
     "running with keep_server_on_exit); a second one forces the stop (no drain, SIGKILL "
     "now, the release still verified). SIGHUP reloads the token file, the timeouts, "
-    "keep_server_on_exit and the log level without touching the server. Exit 0 stopped "
+    "keep_server_on_exit and the log level without touching the server, and the config's "
+    '[server.levers]: /status drift follows, and with levers_source = "config" the server '
+    "is reconciled to them. Exit 0 stopped "
     "cleanly; 1 the API could not listen or the GPUs could not be verified released; 2 a "
     "configuration it refuses; 3 a state directory it cannot write (systemd does not "
     "restart on 2 or 3)."

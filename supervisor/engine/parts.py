@@ -6,7 +6,7 @@ operations, the health checker, the journal, the router client, the event bus an
 clock. Nothing here is reassigned: ``Parts`` is frozen, and ``Learned`` refuses a second
 ``learn``. (The collaborators themselves have their own state, kept behind their own
 methods: the journal's file, the router's registration, the events' ring, the load's
-history and its diagnosis.)
+history and its diagnosis, the config's levers as the desired state.)
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_supervisor.config import Settings
+from sglang_supervisor.engine.desired import DesiredLevers
 from sglang_supervisor.engine.journal import Journal
 from sglang_supervisor.host.backend import Backend, ProcessOps
 from sglang_supervisor.host.gpu import GpuProbe
@@ -88,6 +89,8 @@ class Parts:
     #: The server's load over the last hour, and its diagnosis (written by the watcher).
     history: LoadHistory
     diagnoser: Diagnoser
+    #: The config file's levers as the desired state (re-read on SIGHUP; engine/desired.py).
+    desired: DesiredLevers
     #: Reads the live schema at start-up (None: keep the bundled one).
     schema_loader: SchemaLoader | None = None
 

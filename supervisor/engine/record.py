@@ -157,6 +157,11 @@ class ServerRecord:
         if message not in self.warnings:
             self.warnings.append(message)
 
+    def warning_resolved(self, message: str) -> None:
+        """Take ``message`` out of /status's warnings: what it warned of is over."""
+        if message in self.warnings:
+            self.warnings.remove(message)
+
     # ------------------------------------------------------------------ levers
 
     def chose_levers(self, levers: LeverSet, last_good: LeverSet | None) -> None:

@@ -13,6 +13,7 @@ from sglang_supervisor.engine import persisted as persisted_levers
 from sglang_supervisor.engine import routing
 from sglang_supervisor.engine.boundaries import Cancelled, StartFailed, checkpoint
 from sglang_supervisor.engine.checks import refuse_if_foreign
+from sglang_supervisor.engine.desired import levers_to_start
 from sglang_supervisor.engine.parts import Parts, SchemaFacts
 from sglang_supervisor.engine.probation import watch_probation
 from sglang_supervisor.engine.record import ServerInfo, ServerRecord
@@ -27,7 +28,7 @@ from sglang_supervisor.host.backend import ServerHandle
 from sglang_supervisor.host.gpu import GpuInfo, GpuProbe, GpuQueryError, resolve_gpus
 from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
 from sglang_supervisor.phases import PhaseName, PhasePrefix, prefixed
-from sglang_supervisor.sglang.levers import LeverError, LeverSet, check_levers
+from sglang_supervisor.sglang.levers import LeverSet
 from sglang_supervisor.states import ServerState
 from sglang_supervisor.store import RecordedServer
 
@@ -64,13 +65,14 @@ async def prepare(parts: Parts, record: ServerRecord, stop: StopRequest) -> asyn
     # Persisted levers were checked against the SGLang of their day: check them again
     # against this one (an upgrade may have renamed a flag); misfits are kept, not lost.
     choice = await persisted_levers.choose(parts, record, persisted)
-    initial = choice.levers
-    if initial is None:
-        configured = LeverSet(parts.settings.server.levers, parts.settings.server.env)
-        try:
-            initial = check_levers(configured, parts.schema)
-        except LeverError as exc:
-            raise ValueError(f"the configured initial levers are invalid: {exc}") from exc
+    # The persisted set, else the config's; with levers_source = "config" the config's.
+    initial = levers_to_start(
+        parts.desired.view(),
+        parts.schema,
+        choice.levers,
+        adopting=parts.journal.recorded.server is not None,
+        warn=record.warn,
+    )
     record.chose_levers(initial, choice.last_good)
     gpus_known = gpu_facts(parts, record.managed) is not None
     record.sglang_learned(

@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sglang_supervisor.config import Settings, instance_tag_prefix
+from sglang_supervisor.config import ServerSettings, Settings, instance_tag_prefix
 from sglang_supervisor.engine import checks, operator_requests, rollback, startup, transaction
+from sglang_supervisor.engine.desired import DesiredLevers, reconcile
 from sglang_supervisor.engine.facade import SupervisorReads
 from sglang_supervisor.engine.journal import Journal
 from sglang_supervisor.engine.parts import Learned, Parts, SchemaLoader
@@ -88,6 +89,7 @@ class Supervisor(SupervisorReads):
             schema_loader=schema_loader,
             history=LoadHistory(),
             diagnoser=Diagnoser(settings.timeouts.diagnosis_hold_s, clock=clock),
+            desired=DesiredLevers(settings.server),
         )
         self.ops = OperationRegistry(events, self.parts.journal, self._contain)
         self.watch = Watcher(self.parts, self.record, self.ops, self.on_crash)
@@ -297,6 +299,24 @@ class Supervisor(SupervisorReads):
             force_restart=force_restart,
             without_router=without_router,
         )
+
+    def take_config(self, server: ServerSettings) -> list[str]:
+        """Make a re-read config's levers the desired state (SIGHUP, ``POST /reconcile``);
+        returns what changed. Nothing is applied here (``submit_reconcile`` applies)."""
+        return self.parts.desired.take(server)
+
+    async def submit_reconcile(self, trigger: str, dry_run: bool, drain_s: float) -> Operation:
+        """The config's levers as one apply with ``replace`` (``desired.reconcile``): no
+        restart when nothing differs. Raises ``LeverError`` or ``Busy``, both recorded in
+        /status's ``levers_config.last_reconcile``."""
+
+        async def submit(config: LeverSet) -> Operation:
+            return await self.submit_apply(
+                config.levers, config.env, replace=True, dry_run=dry_run, drain_timeout_s=drain_s
+            )
+
+        desired = self.parts.desired
+        return await reconcile(desired, self.record, submit, trigger=trigger, dry_run=dry_run)
 
     def submit_stop(self) -> Operation:
         """Stop the server and verify its GPUs released; it stays stopped (across daemon

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from sglang_supervisor.engine.desired import DesiredView
 from sglang_supervisor.engine.parts import Parts
 from sglang_supervisor.engine.record import ReadRecord
 from sglang_supervisor.engine.registry import OperationRegistry
@@ -113,6 +114,8 @@ class SupervisorView:
     #: The load's diagnosis and its last hour (planner.diagnosis, observe.history).
     diagnosis: Diagnosis | None = None
     history: tuple[Sample, ...] = ()
+    #: The config's levers, the desired state (``engine/desired.py``: drift, reconcile).
+    desired: DesiredView | None = None
 
     @property
     def gpu_indices(self) -> list[int]:
@@ -157,6 +160,14 @@ class SupervisorView:
             if self.last_drain_s is None
             else {"duration_s": round(self.last_drain_s, 3), "requests_left": self.last_drain_left},
             "probation": None if self.probation is None else dict(self.probation),
+            # drift (config vs serving) and levers_config: engine/desired.py
+            **(
+                {}
+                if self.desired is None
+                else self.desired.status_json(
+                    self.levers, self.schema, None if self.server is None else self.server.pid
+                )
+            ),
         }
 
 
@@ -234,6 +245,7 @@ def snapshot(parts: Parts, record: ReadRecord, ops: OperationRegistry) -> Superv
         sglang=frozen_map(record.sglang.to_json()),
         diagnosis=parts.diagnoser.current,
         history=parts.history.samples,
+        desired=parts.desired.view(),
     )
 
 

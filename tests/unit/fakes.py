@@ -684,7 +684,7 @@ class Rig:
     health: FakeHealth
     settings: Settings
 
-    async def start_ready(self, timeout: float = 3.0) -> None:
+    async def start_ready(self, timeout: float = 10.0) -> None:
         """``start()`` and wait until the initial start operation has finished ready."""
         await self.sup.start()
         op = self.sup.operation

@@ -47,6 +47,7 @@ EXPECTED: dict[tuple[str, str], set[int]] = {
     ("post", "/stop"): {200, 202, 401, 409, 422},
     ("post", "/start"): {200, 202, 401, 409, 422},
     ("post", "/restart"): {200, 202, 401, 409, 422},
+    ("post", "/reconcile"): {200, 202, 401, 409, 413, 422},
     ("get", "/metrics"): {200, 401},
     ("get", "/history"): {200, 401, 422},
     ("get", "/logs"): {200, 401, 404, 422},
@@ -218,7 +219,7 @@ async def _check(client: httpx.AsyncClient, rig: Rig, app: Any) -> None:
     )
     assert accepted.status_code == 202
     op_id = accepted.json()["operation"]["id"]
-    for route in ("/levers", "/stop", "/start", "/restart"):
+    for route in ("/levers", "/stop", "/start", "/restart", "/reconcile"):
         r = await call(
             "post",
             route,
@@ -266,6 +267,19 @@ async def _check(client: httpx.AsyncClient, rig: Rig, app: Any) -> None:
     await state_is(rig, "ready")
     assert (await call("post", "/restart", "/restart")).status_code == 202
     await state_is(rig, "ready")
+    # Reconcile: the config's levers (the rig's initial ones) differ, 202; then none, 200.
+    assert (await call("post", "/reconcile", "/reconcile")).status_code == 202
+    await state_is(rig, "ready")
+    r = await call("post", "/reconcile", "/reconcile", params={"wait": "true"}, json={})
+    assert r.status_code == 200 and r.json()["operation"]["state"] == "succeeded", r.text
+    await call("post", "/reconcile", "/reconcile", json={"dry_run": "yes"})  # 422
+    await call(
+        "post",
+        "/reconcile",
+        "/reconcile",
+        content=b"{" + b" " * 5000 + b"}",
+        headers={"content-type": "application/json"},
+    )  # 413
     # The fake server's model is nowhere on disk: the plan gets the model's config inline.
     await call("post", "/plan", "/plan", json={"config_json": LLAMA_CONFIG})
     history = (await call("get", "/history", "/history")).json()

@@ -13,7 +13,7 @@ import socket
 
 import uvicorn
 
-from sglang_supervisor_api.daemon import listen_socket
+from sglang_supervisor_api.listener import listen_socket
 
 
 async def _nodelay_of_accepted(sock: socket.socket) -> int:

@@ -1,0 +1,162 @@
+"""The config file as the levers' desired state: ``POST /reconcile``, and what a SIGHUP
+does with ``[server.levers]``.
+
+The daemon, never the client, reads the config (the CLI may run on another host): a
+reconcile first re-reads the file the daemon was started with (``--config``, the
+environment's overrides included: the same loader as a SIGHUP), takes its
+``[server.levers]``, ``[server.env]`` and ``server.levers_source`` as the desired state
+(``Supervisor.take_config``: /status's ``drift`` follows), then applies them as
+one operation (``Supervisor.submit_reconcile``). A SIGHUP re-reads them too; with
+``levers_source = "config"`` it then reconciles (``after_sighup``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from sglang_supervisor.config import Settings
+from sglang_supervisor.engine import Busy, Supervisor
+from sglang_supervisor.redact import redact
+from sglang_supervisor.sglang.levers import LeverError
+from sglang_supervisor_api.audit import audit
+from sglang_supervisor_api.responses import BUSY, INVALID, OperationEnvelope
+from sglang_supervisor_api.routes import OPERATION_ANSWERS, SupervisorDep, WaitQuery, _answer
+
+log = logging.getLogger("supervisor")
+router = APIRouter()
+
+#: ``app.state.load_settings``: re-reads the daemon's config (None: none to re-read).
+LoadSettings = Callable[[], Settings]
+
+
+class ReconcileRequest(BaseModel):
+    """``POST /reconcile`` (the body may be left out)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Validate and preflight the config's levers only; also ``?dry_run=true``.
+    dry_run: StrictBool = False
+    #: Wait up to this long for running and queued requests to finish before the stop.
+    drain_timeout_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+
+
+def reread(sup: Supervisor, new: Settings) -> list[str]:
+    """Take ``new``'s levers as the desired state (on the loop); what changed."""
+    return sup.take_config(new.server)
+
+
+@router.post(
+    "/reconcile",
+    status_code=202,
+    response_model=OperationEnvelope,
+    responses={**OPERATION_ANSWERS, 409: BUSY, 422: INVALID},
+)
+async def post_reconcile(
+    request: Request,
+    sup: SupervisorDep,
+    body: ReconcileRequest | None = None,
+    wait: WaitQuery = False,
+    dry_run: Annotated[
+        bool | None, Query(description="validate and preflight only (as body.dry_run)")
+    ] = None,
+) -> JSONResponse:
+    """Re-read the config file and apply its ``[server.levers]`` and ``[server.env]``
+    (replacing the current set) as one operation: validate, preflight, then stop ->
+    release -> start -> commit, or roll back; a server already serving them is not
+    restarted. 422 when the config does not load or its levers are refused (nothing
+    changed); 409 busy."""
+    body = body or ReconcileRequest()
+    if dry_run is not None:
+        body = body.model_copy(update={"dry_run": dry_run or body.dry_run})
+    load: LoadSettings | None = getattr(request.app.state, "load_settings", None)
+    if load is not None:
+        try:
+            new = await asyncio.to_thread(load)
+        except ValueError as exc:
+            audit(request.scope, "reconcile", outcome="refused", problems=[str(exc)])
+            raise HTTPException(
+                422,
+                detail={
+                    "message": f"the config does not load, nothing was changed: {exc}",
+                    "problems": [{"lever": "config", "message": str(exc)}],
+                },
+            ) from exc
+        changed = reread(sup, new)
+        if changed:
+            log.info("reconcile: the config was re-read: %s", "; ".join(changed))
+    view = sup.view()
+    config = view.desired.config if view.desired is not None else view.levers
+    diff = redact(view.levers.diff(sup.requested_levers(config.levers, config.env, replace=True)))
+    try:
+        op = await sup.submit_reconcile("POST /reconcile", body.dry_run, body.drain_timeout_s)
+    except LeverError as exc:
+        problems = redact([p.to_json() for p in exc.problems])
+        audit(request.scope, "reconcile", outcome="refused", problems=problems)
+        raise HTTPException(
+            422,
+            detail={
+                "message": "the config's levers were refused; nothing was changed. Fix "
+                "[server.levers]/[server.env] in the daemon's config",
+                "problems": problems,
+            },
+        ) from exc
+    except Busy as exc:
+        audit(request.scope, "reconcile", outcome="busy", running=exc.operation.id)
+        raise HTTPException(
+            409,
+            detail={"message": str(exc), "operation": exc.operation.id},
+            headers={"Retry-After": "5"},
+        ) from exc
+    audit(
+        request.scope,
+        "reconcile",
+        outcome="accepted",
+        operation=op.id,
+        dry_run=body.dry_run,
+        diff=diff,
+    )
+    return await _answer(op, wait)
+
+
+def on_sighup(sup: Supervisor) -> Callable[[Settings], list[str]]:
+    """``after_sighup`` for ``sup``, keeping its reconcile tasks referenced until they end
+    (the reload's ``on_new``)."""
+    tasks: set[asyncio.Task[Any]] = set()
+    return lambda new: after_sighup(sup, new, tasks)
+
+
+def after_sighup(sup: Supervisor, new: Settings, tasks: set[asyncio.Task[Any]]) -> list[str]:
+    """A SIGHUP re-read the config into ``new`` (on the loop): take its levers as the
+    desired state; with ``levers_source = "config"`` reconcile the server to them (an
+    operation, started here and kept in ``tasks``; a refusal is in /status's warnings and
+    ``levers_config.last_reconcile``). Returns what changed."""
+    changed = reread(sup, new)
+    loading = sup.view().loading
+    if new.server.levers_source == "config" and loading is not None:
+        # No operation may run yet; the start-up launches the config's levers unless it
+        # had chosen its levers already: then a reconcile once it is up applies these.
+        log.warning(
+            "reconcile (SIGHUP) not run: the daemon is still starting (loading %s); "
+            "`sglang-supervisor reconcile` once it is up applies the config",
+            loading,
+        )
+    elif new.server.levers_source == "config":
+        task = asyncio.ensure_future(_reconcile_on_sighup(sup))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    return changed
+
+
+async def _reconcile_on_sighup(sup: Supervisor) -> None:
+    try:
+        op = await sup.submit_reconcile("SIGHUP", dry_run=False, drain_s=0.0)
+    except (LeverError, Busy):
+        return  # logged and shown in /status by engine/desired.py
+    log.info("reconcile (SIGHUP): operation %s", op.id)
