@@ -1,11 +1,12 @@
 """The ``sglang-supervisor`` command: ``serve`` runs the daemon; the rest talk to one.
 
-Client commands share ``--url`` (default ``$SGLANG_SUPERVISOR_URL`` or
-http://127.0.0.1:8470), ``--token`` / ``--token-file`` (default
-``$SGLANG_SUPERVISOR_TOKEN``, sent as ``Authorization: Bearer``) and ``--json`` (the
-daemon's JSON on stdout, nothing else). Exit codes (``sglang_supervisor_api.cli.exits``): 0 done; 1
-the daemon unreachable or another error; 2 refused (invalid levers, bad usage); 3 the change
-rolled back; 4 the operation failed; 5 another operation is running; 130 interrupted.
+Client commands share ``--url`` (default ``$SGLANG_SUPERVISOR_URL``, else the daemon's own
+settings: ``sglang_supervisor_api.cli.daemon_address``), ``--token`` / ``--token-file``
+(default ``$SGLANG_SUPERVISOR_TOKEN``, sent as ``Authorization: Bearer``), ``--config``,
+``-v`` and ``--json`` (the daemon's JSON on stdout, nothing else). Exit codes
+(``sglang_supervisor_api.cli.exits``): 0 done; 1 the daemon unreachable or another error;
+2 refused (invalid levers, bad usage); 3 the change rolled back; 4 the operation failed;
+5 another operation is running; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ from sglang_supervisor_api.cli.inspect_commands import (
     cmd_status,
 )
 from sglang_supervisor_api.cli.operation_commands import cmd_apply, cmd_cancel, cmd_control
-from sglang_supervisor_api.cli.options import add_client_options, add_follow_options
+from sglang_supervisor_api.cli.options import (
+    ADDRESS_HELP,
+    add_client_options,
+    add_follow_options,
+)
 from sglang_supervisor_api.cli.plan import add_plan_parser, run_plan
 from sglang_supervisor_api.cli.rollout import add_rollout_parser, run_rollout
 from sglang_supervisor_api.cli.runner import ClientCommand, run_client_command
@@ -107,7 +112,7 @@ def _apply_parser(sub: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sglang-supervisor",
-        description="Own an SGLang server; change its launch flags safely.",
+        description="Own an SGLang server; change its launch flags safely. " + ADDRESS_HELP,
         epilog=EPILOG,
     )
     parser.add_argument(
