@@ -264,6 +264,11 @@ class Client:
         """``GET /levers/schema[?q=WORD]``: the installed SGLang's flags."""
         return self._json("GET", "/levers/schema", params={"q": word} if word else None)
 
+    def operations(self, limit: int = 20) -> list[Json]:
+        """``GET /operations?limit=N``: the recent operations, newest first."""
+        ops = self._json("GET", "/operations", params={"limit": limit}).get("operations")
+        return [op for op in ops if isinstance(op, dict)] if isinstance(ops, list) else []
+
     def operation(self, op_id: str) -> Json:
         """``GET /operations/{id}``: the operation (the answer's ``operation`` envelope,
         the one POST answers use; a daemon older than the envelope answered it bare)."""

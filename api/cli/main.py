@@ -29,6 +29,7 @@ from sglang_supervisor_api.cli.inspect_commands import (
     cmd_status,
 )
 from sglang_supervisor_api.cli.operation_commands import cmd_apply, cmd_cancel, cmd_control
+from sglang_supervisor_api.cli.operations_history import add_operations_parser
 from sglang_supervisor_api.cli.options import (
     ADDRESS_HELP,
     add_client_options,
@@ -152,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _client_parser(sub, "events", cmd_events, "print the daemon's event stream")
     p.add_argument("--replay", action="store_true", help="start with the recent history")
 
+    add_operations_parser(sub)
     add_plan_parser(sub)
     add_rollout_parser(sub)
     add_cleanup_parser(sub)
