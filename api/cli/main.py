@@ -19,7 +19,7 @@ from typing import Any
 
 from sglang_supervisor.version import version
 from sglang_supervisor_api.cli.cleanup import add_cleanup_parser, run_cleanup
-from sglang_supervisor_api.cli.completion import add_completion_parser, completion_script
+from sglang_supervisor_api.cli.completion import add_completion_parser, run_completion
 from sglang_supervisor_api.cli.exits import EPILOG, EXIT_ERROR
 from sglang_supervisor_api.cli.inspect_commands import (
     cmd_events,
@@ -169,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "cleanup":
         return run_cleanup(args)
     if args.command == "completion":
-        print(completion_script(parser, args.shell), end="")
-        return 0
+        return run_completion(parser, args)
     try:
         if args.command == "plan":
             return run_plan(args)

@@ -113,3 +113,29 @@ def _phase_ends(stdout: str) -> list[str]:
         if m and m.group(3) != "started" and m.group(2) != "gpu":
             ends.append(line)
     return ends
+
+
+def test_a_cancelled_start_reads_as_a_sentence(daemon: Daemon) -> None:
+    """The reason once read "... while pid 4242 was start" (the phase name pasted in)."""
+    d = daemon
+    old_pid = d.status()["server"]["pid"]
+    op = d.apply({"mem_fraction_static": 0.8}, wait=False).json()["operation"]
+
+    def new_server_starting() -> bool:
+        phases = d.client.get(f"/operations/{op['id']}").json()["operation"]["phases"]
+        server = d.status().get("server") or {}
+        launched = server.get("pid") not in (None, old_pid)
+        return launched and any(p["name"] == "start" and p["state"] == "running" for p in phases)
+
+    wait_until(new_server_starting, 30, 0.05, "the new server launched")
+    assert d.client.post(f"/operations/{op['id']}/cancel").status_code == 202
+
+    def ended() -> dict[str, Any] | None:
+        o: dict[str, Any] = d.client.get(f"/operations/{op['id']}").json()["operation"]
+        return None if o["state"] == "running" else o
+
+    final = wait_until(ended, 30, 0.05, "the cancelled apply's end")
+    assert final["state"] == "rolled_back"
+    shown = cli(d, "operations", "show", op["id"])
+    reason = next(ln for ln in shown.stdout.splitlines() if ln.startswith("  reason"))
+    assert re.search(r"cancelled by an operator.* while pid \d+ was starting$", reason), reason
