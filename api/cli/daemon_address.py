@@ -64,25 +64,43 @@ class DaemonAddress:
 
 def daemon_settings(config: Path | None) -> DaemonSettings:
     """The daemon's settings through its own loader. Raises ``ClientError`` naming the
-    file or variable when they cannot be read (then ``--url`` is the way out)."""
+    file or variable when they cannot be read (then ``--url`` is the way out).
+
+    The system config (``/etc/sglang-supervisor/config.toml``, found by default) kept from
+    this user (the install makes it ``root:sglang 0640`` in a ``0750`` directory) is not
+    an error: the environment and the defaults stand, and the origin says why. A file
+    named by ``--config`` or ``$SGLANG_SUPERVISOR_CONFIG`` must be readable."""
     from sglang_supervisor.config import (
+        CONFIG_ENV,
         ENV_PREFIX,
+        SYSTEM_CONFIG,
         default_config_path,
         load_settings,
         settings_from_environment,
     )
 
-    path = config if config is not None else default_config_path()
+    hidden: str | None = None
     try:
-        settings = load_settings(path, {})
+        path = config if config is not None else default_config_path()
+    except OSError as exc:  # Python 3.11: is_file() raises EACCES inside a 0750 directory
+        path, hidden = None, exc.strerror
+    by_default = config is None and not os.environ.get(CONFIG_ENV)
+    if by_default and path == SYSTEM_CONFIG and not os.access(path, os.R_OK):
+        path, hidden = None, "Permission denied"
+    try:
+        # With the system config out of reach: the environment over the defaults (an
+        # empty file stands in for it, so the loader does not look for it again).
+        settings = load_settings(Path(os.devnull) if hidden else path, {})
         env_api = settings_from_environment().get("api") or {}
     except ValueError as exc:
         first = str(exc).strip().splitlines()[0]
         raise ClientError(
             f"cannot find the daemon's address in its settings: {first}; pass --url "
-            f"(or set ${URL_ENV}), or fix the config"
+            f"(or set ${URL_ENV}) to do without them, or fix what is named"
         ) from exc
     parts = [f"config {path}"] if path is not None else []
+    if hidden:
+        parts.append(f"{SYSTEM_CONFIG} not readable by this user ({hidden}), so the defaults")
     parts += [f"${ENV_PREFIX}API__{key.upper()}" for key in sorted(env_api)]
     return DaemonSettings(settings.api, ", ".join(parts) or None, path)
 

@@ -204,3 +204,41 @@ def test_rollout_to_an_unreachable_replica_names_its_own_options() -> None:
     assert f"cannot reach the daemon at {url}" in said
     assert "--url" not in said, said
     assert "--daemon URL" in said and "the address is from --daemon" in said
+
+
+def test_system_config_kept_from_this_user_leaves_the_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The install keeps /etc/sglang-supervisor 0750 root:sglang: an operator outside the
+    group still gets the environment and the default address (and -v says why), not an
+    error; Python 3.11's is_file() raises EACCES there, which must not escape either."""
+    import sglang_supervisor.config as config_module
+    from sglang_supervisor_api.cli import daemon_address
+
+    for name in OURS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("SGLANG_SUPERVISOR_API__PORT", raising=False)
+    system = tmp_path / "config.toml"
+    system.write_text("[api]\nport = 18899\n")
+    monkeypatch.setattr(config_module, "SYSTEM_CONFIG", system)
+    assert resolve_address(None).url == "http://127.0.0.1:18899"  # readable: used
+
+    real_access = os.access
+    monkeypatch.setattr(
+        daemon_address.os,
+        "access",
+        lambda p, mode: False if Path(p) == system else real_access(p, mode),
+    )
+    got = resolve_address(None)
+    assert got.url == "http://127.0.0.1:8470"
+    assert f"{system} not readable by this user (Permission denied)" in got.url_from
+
+    def no_stat() -> Path | None:
+        raise PermissionError(13, "Permission denied", str(system))
+
+    monkeypatch.setattr(config_module, "default_config_path", no_stat)
+    monkeypatch.setenv("SGLANG_SUPERVISOR_API__PORT", "18898")
+    got = resolve_address(None)
+    assert got.url == "http://127.0.0.1:18898"
+    assert "not readable by this user" in got.url_from
+    assert got.url_from.endswith("$SGLANG_SUPERVISOR_API__PORT")
