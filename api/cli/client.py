@@ -54,11 +54,6 @@ def normalize_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def resolve_url(url: str | None) -> str:
-    """``--url``, else ``$SGLANG_SUPERVISOR_URL``, else the default address."""
-    return normalize_url(url or os.environ.get(URL_ENV) or DEFAULT_URL)
-
-
 def resolve_token(token: str | None, token_file: Path | None) -> str | None:
     """``--token``, else the contents of ``--token-file`` (stripped, read as the daemon reads
     it), else ``$SGLANG_SUPERVISOR_TOKEN``.
@@ -108,8 +103,14 @@ class Client:
         timeout_s: float = 30.0,
         connect_timeout_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
+        url_from: str | None = None,
+        url_hint: str = "pass --url",
     ) -> None:
         self.url = normalize_url(url)
+        #: Where the URL came from (``--url``, the daemon's config...), said when it fails.
+        self.url_from = url_from
+        #: How to give another URL, for this command (``rollout`` has no ``--url``).
+        self.url_hint = url_hint
         self._cacert = cacert
         self.timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
@@ -155,6 +156,8 @@ class Client:
             cacert=self._cacert,
             timeout_s=self.timeout_s,
             connect_timeout_s=self._connect_timeout_s,
+            url_from=self.url_from,
+            url_hint=self.url_hint,
         )
 
     # ------------------------------------------------------------ plumbing
@@ -169,9 +172,10 @@ class Client:
                 f"({_reason(exc)}); if it serves TLS ([api] ssl_certfile), use an https:// URL"
             )
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+            whence = f"; the address is from {self.url_from}" if self.url_from else ""
             return Unreachable(
-                f"cannot reach the daemon at {self.url} ({_reason(exc)}); is it running? "
-                "(start it with `sglang-supervisor serve`, or pass --url)"
+                f"cannot reach the daemon at {self.url} ({_reason(exc)}{whence}); is it "
+                f"running? (start it with `sglang-supervisor serve`, or {self.url_hint})"
             )
         if isinstance(exc, httpx.TimeoutException):
             return ClientError(f"the daemon at {self.url} did not answer in time ({_reason(exc)})")
@@ -259,6 +263,11 @@ class Client:
     def schema(self, word: str | None = None) -> Json:
         """``GET /levers/schema[?q=WORD]``: the installed SGLang's flags."""
         return self._json("GET", "/levers/schema", params={"q": word} if word else None)
+
+    def operations(self, limit: int = 20) -> list[Json]:
+        """``GET /operations?limit=N``: the recent operations, newest first."""
+        ops = self._json("GET", "/operations", params={"limit": limit}).get("operations")
+        return [op for op in ops if isinstance(op, dict)] if isinstance(ops, list) else []
 
     def operation(self, op_id: str) -> Json:
         """``GET /operations/{id}``: the operation (the answer's ``operation`` envelope,

@@ -1,9 +1,16 @@
-"""``sglang-supervisor completion bash|zsh``: a shell completion script, generated from the
-command line's own parser (so it never drifts from it; no dependency).
+"""``sglang-supervisor completion bash|zsh|fish``: a shell completion script, generated from
+the command line's own parser (so it never drifts from it; no dependency). Lever names after
+``--set`` / ``--unset`` come from the daemon's schema when it answers, else from the
+bundled one (``completion --lever-names``, which the scripts call: ``lever_names``).
 
 Install: ``sglang-supervisor completion bash > /etc/bash_completion.d/sglang-supervisor``
 (or ``source <(sglang-supervisor completion bash)`` in ``~/.bashrc``; zsh: the same with
-``zsh``, which loads bash's completion system).
+``zsh``, which loads bash's completion system); fish: ``sglang-supervisor completion fish >
+~/.config/fish/completions/sglang-supervisor.fish``.
+
+Not argcomplete: it would run this Python program on every TAB (the whole CLI imported,
+~0.3 s here) and add a dependency, for what a static script generated from the same
+parser does; only lever names need the program, and only after ``--set``/``--unset``.
 """
 
 from __future__ import annotations
@@ -15,15 +22,39 @@ from typing import Any
 
 PROG = "sglang-supervisor"
 FUNCTION = "_sglang_supervisor"
+SHELLS = ("bash", "zsh", "fish")
+#: Options whose value is a lever name (``--set`` takes ``NAME=VALUE``).
+LEVER_OPTIONS = ("--set", "--unset")
+#: What the scripts run to list the lever names.
+LEVERS_COMMAND = f"{PROG} completion --lever-names 2>/dev/null"
 
 
 def add_completion_parser(sub: Any) -> None:
     p = sub.add_parser(
         "completion",
-        help="print a shell completion script (bash, zsh)",
-        description=__doc__.strip().split("\n\n", 1)[1] if __doc__ else None,
+        help="print a shell completion script (bash, zsh, fish)",
+        description="\n\n".join(__doc__.strip().split("\n\n")[1:3]) if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
+    p.add_argument("shell", nargs="?", choices=SHELLS, help="the shell to complete in")
+    p.add_argument(
+        "--lever-names",
+        action="store_true",
+        help="print the lever names, one a line (the daemon's schema, else the bundled one)",
+    )
+
+
+def run_completion(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Print the script for ``args.shell``, or the lever names (``--lever-names``)."""
+    if args.lever_names:
+        from sglang_supervisor_api.cli.lever_names import lever_names
+
+        print("\n".join(lever_names()[0]))
+        return 0
+    if args.shell is None:
+        parser.error("completion: give the shell (bash, zsh or fish), or --lever-names")
+    print(completion_script(parser, args.shell), end="")
+    return 0
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -86,6 +117,10 @@ def bash_script(parser: argparse.ArgumentParser) -> str:
         "    fi",
         '    case "$prev" in',
         f'        {"|".join(sorted(all_paths))}) COMPREPLY=($(compgen -f -- "$cur")); return ;;',
+        # a lever name; after --set with "=" and no space, the value follows
+        f'        --set) COMPREPLY=($(compgen -S = -W "$({LEVERS_COMMAND})" -- "$cur"))',
+        "               type compopt >/dev/null 2>&1 && compopt -o nospace; return ;;",
+        f'        --unset) COMPREPLY=($(compgen -W "$({LEVERS_COMMAND})" -- "$cur")); return ;;',
         *choice_cases,
         "    esac",
         '    case "${COMP_WORDS[1]}" in',
@@ -109,6 +144,10 @@ def _group(choices: dict[str, list[str]]) -> dict[tuple[str, ...], list[str]]:
 
 def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
     """The script for ``shell`` (zsh runs bash's through ``bashcompinit``)."""
+    if shell == "fish":
+        from sglang_supervisor_api.cli.completion_fish import fish_script
+
+        return fish_script(parser)
     script = bash_script(parser)
     if shell == "zsh":
         return "autoload -U +X bashcompinit && bashcompinit\n" + script

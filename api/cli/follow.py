@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from sglang_supervisor_api.cli import render_live
@@ -26,6 +27,24 @@ Emit = Callable[[str], None]
 
 #: Sentinel the event pump puts on the queue when the stream ends or breaks.
 _END: Json = {"kind": "__end__"}
+
+
+def epoch(iso: object) -> float | None:
+    """An ISO timestamp of the daemon's (``created_at``, a phase's ``started_at``) as a Unix
+    time; None when absent or unreadable."""
+    if not isinstance(iso, str) or not iso:
+        return None
+    try:
+        return datetime.fromisoformat(iso).timestamp()
+    except ValueError:
+        return None
+
+
+def since_start(op: Json, iso: object) -> float | None:
+    """Seconds from the operation's start to ``iso``, both read on the daemon's clock (so
+    the same whenever the follower attached); None when either is unknown."""
+    t0, at = epoch(op.get("created_at")), epoch(iso)
+    return None if t0 is None or at is None else max(0.0, at - t0)
 
 
 class SeqFilter:
@@ -98,6 +117,8 @@ class OperationFollower:
         self._stream: EventStream | None = None
         self._queue: queue.Queue[Json] = queue.Queue()
         self._t0 = time.monotonic()
+        #: The operation's start on the daemon's clock: every time shown counts from it.
+        self._op_t0: float | None = None
         self._started: set[tuple[str, str]] = set()
         self._ended: set[tuple[str, str]] = set()
         self._pending_sample: Json | None = None
@@ -143,7 +164,12 @@ class OperationFollower:
 
     # ---------------------------------------------------------------- follow
 
-    def _elapsed(self) -> float:
+    def _elapsed(self, at: float | None = None) -> float:
+        """Seconds since the operation started, at the daemon's Unix time ``at`` (a
+        phase's start or end, a sample's time); without one, now. A daemon that gives no
+        start time: since the follower attached."""
+        if self._op_t0 is not None:
+            return max(0.0, (time.time() if at is None else at) - self._op_t0)
         return time.monotonic() - self._t0
 
     def follow(self, op: Json) -> Json:
@@ -151,6 +177,7 @@ class OperationFollower:
         ``ClientError`` when the daemon cannot be asked any more, ``KeyboardInterrupt``
         on Ctrl-C (the operation goes on in the daemon)."""
         self._t0 = time.monotonic()
+        self._op_t0 = epoch(op.get("created_at"))
         op_id = str(op["id"])
         self._render(op)
         if op.get("state") != "running":
@@ -241,7 +268,9 @@ class OperationFollower:
             return  # nothing moved: say it once
         self._last_sample = used
         self._last_sample_at = time.monotonic()
-        self.emit(render_live.memory_line(sample.get("gpus") or [], self._elapsed()))
+        at = sample.get("time")
+        elapsed = self._elapsed(float(at) if isinstance(at, (int, float)) else None)
+        self.emit(render_live.memory_line(sample.get("gpus") or [], elapsed))
 
     def _render(self, op: Json) -> None:
         for phase in op.get("phases") or []:
@@ -250,7 +279,8 @@ class OperationFollower:
             running = phase.get("state") == "running"
             if running and key not in self._started:
                 self._started.add(key)
-                self.emit(render_live.phase_line(phase, self._elapsed(), started=True))
+                at = self._elapsed(epoch(phase.get("started_at")))
+                self.emit(render_live.phase_line(phase, at, started=True))
                 if name.endswith("start"):
                     self.logs.begin()
                     self.logs.poll()
@@ -263,4 +293,5 @@ class OperationFollower:
                 if name.endswith("start"):
                     with contextlib.suppress(ClientError):
                         self.logs.end()
-                self.emit(render_live.phase_line(phase, self._elapsed()))
+                at = self._elapsed(epoch(phase.get("ended_at")))
+                self.emit(render_live.phase_line(phase, at))

@@ -1,11 +1,12 @@
 """The ``sglang-supervisor`` command: ``serve`` runs the daemon; the rest talk to one.
 
-Client commands share ``--url`` (default ``$SGLANG_SUPERVISOR_URL`` or
-http://127.0.0.1:8470), ``--token`` / ``--token-file`` (default
-``$SGLANG_SUPERVISOR_TOKEN``, sent as ``Authorization: Bearer``) and ``--json`` (the
-daemon's JSON on stdout, nothing else). Exit codes (``sglang_supervisor_api.cli.exits``): 0 done; 1
-the daemon unreachable or another error; 2 refused (invalid levers, bad usage); 3 the change
-rolled back; 4 the operation failed; 5 another operation is running; 130 interrupted.
+Client commands share ``--url`` (default ``$SGLANG_SUPERVISOR_URL``, else the daemon's own
+settings: ``sglang_supervisor_api.cli.daemon_address``), ``--token`` / ``--token-file``
+(default ``$SGLANG_SUPERVISOR_TOKEN``, sent as ``Authorization: Bearer``), ``--config``,
+``-v`` and ``--json`` (the daemon's JSON on stdout, nothing else). Exit codes
+(``sglang_supervisor_api.cli.exits``): 0 done; 1 the daemon unreachable or another error;
+2 refused (invalid levers, bad usage); 3 the change rolled back; 4 the operation failed;
+5 another operation is running; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from sglang_supervisor.version import version
 from sglang_supervisor_api.cli.cleanup import add_cleanup_parser, run_cleanup
-from sglang_supervisor_api.cli.completion import add_completion_parser, completion_script
+from sglang_supervisor_api.cli.completion import add_completion_parser, run_completion
 from sglang_supervisor_api.cli.exits import EPILOG, EXIT_ERROR
 from sglang_supervisor_api.cli.inspect_commands import (
     cmd_events,
@@ -28,7 +29,12 @@ from sglang_supervisor_api.cli.inspect_commands import (
     cmd_status,
 )
 from sglang_supervisor_api.cli.operation_commands import cmd_apply, cmd_cancel, cmd_control
-from sglang_supervisor_api.cli.options import add_client_options, add_follow_options
+from sglang_supervisor_api.cli.operations_history import add_operations_parser
+from sglang_supervisor_api.cli.options import (
+    ADDRESS_HELP,
+    add_client_options,
+    add_follow_options,
+)
 from sglang_supervisor_api.cli.plan import add_plan_parser, run_plan
 from sglang_supervisor_api.cli.reconcile import add_reconcile_parser
 from sglang_supervisor_api.cli.rollout import add_rollout_parser, run_rollout
@@ -108,7 +114,7 @@ def _apply_parser(sub: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sglang-supervisor",
-        description="Own an SGLang server; change its launch flags safely.",
+        description="Own an SGLang server; change its launch flags safely. " + ADDRESS_HELP,
         epilog=EPILOG,
     )
     parser.add_argument(
@@ -148,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _client_parser(sub, "events", cmd_events, "print the daemon's event stream")
     p.add_argument("--replay", action="store_true", help="start with the recent history")
 
+    add_operations_parser(sub)
     add_plan_parser(sub)
     add_rollout_parser(sub)
     add_reconcile_parser(sub)
@@ -164,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "cleanup":
         return run_cleanup(args)
     if args.command == "completion":
-        print(completion_script(parser, args.shell), end="")
-        return 0
+        return run_completion(parser, args)
     try:
         if args.command == "plan":
             return run_plan(args)

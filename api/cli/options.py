@@ -5,28 +5,58 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sglang_supervisor_api.cli.client import Client, resolve_token, resolve_url
-from sglang_supervisor_api.cli.tls import resolve_cacert
+from sglang_supervisor_api.cli.client import Client
+from sglang_supervisor_api.cli.daemon_address import resolve_address
+from sglang_supervisor_api.cli.output import err_detail
+
+#: How client commands find the daemon, for ``--help`` (daemon_address says the rule).
+ADDRESS_HELP = (
+    "Finding the daemon: --url, else $SGLANG_SUPERVISOR_URL, else the daemon's own settings "
+    "(the file from --config, $SGLANG_SUPERVISOR_CONFIG or /etc/sglang-supervisor/"
+    "config.toml, and $SGLANG_SUPERVISOR_API__HOST/__PORT): [api] host (0.0.0.0 means "
+    "127.0.0.1) and port, https when [api] ssl_certfile is set, the token of [api] "
+    "token_file; else http://127.0.0.1:8470. -v says which."
+)
 
 
 def add_client_options(p: argparse.ArgumentParser) -> None:
-    """``--url``, ``--token``, ``--token-file``, ``--cacert``, ``--json``."""
-    g = p.add_argument_group("daemon")
+    """``--url``, ``--token``, ``--token-file``, ``--cacert``, ``--config``, ``--json``,
+    ``-v``."""
+    g = p.add_argument_group("daemon", ADDRESS_HELP)
     g.add_argument(
         "--url",
-        help="the daemon's control API (default $SGLANG_SUPERVISOR_URL or http://127.0.0.1:8470)",
+        help="the daemon's control API (default $SGLANG_SUPERVISOR_URL, else from the "
+        "daemon's settings, else http://127.0.0.1:8470)",
     )
-    g.add_argument("--token", help="bearer token (default $SGLANG_SUPERVISOR_TOKEN)")
+    g.add_argument(
+        "--token",
+        help="bearer token (default $SGLANG_SUPERVISOR_TOKEN, else the daemon's [api] "
+        "token_file when the address came from its settings)",
+    )
     g.add_argument("--token-file", type=Path, help="read the bearer token from this file")
     g.add_argument(
         "--cacert",
         type=Path,
         metavar="PATH",
         help="with an https URL: trust this PEM certificate (the daemon's, or its CA's) "
-        "(default $SGLANG_SUPERVISOR_CACERT, else the system's CAs)",
+        "(default $SGLANG_SUPERVISOR_CACERT, else the daemon's [api] ssl_certfile when the "
+        "address came from its settings, else the system's CAs)",
+    )
+    g.add_argument(
+        "--config",
+        type=Path,
+        metavar="PATH",
+        help="the daemon's config file, read for its address and token (default "
+        "$SGLANG_SUPERVISOR_CONFIG, else /etc/sglang-supervisor/config.toml when it exists)",
     )
     g.add_argument(
         "--json", action="store_true", help="print the daemon's JSON (nothing else on stdout)"
+    )
+    g.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say on stderr which daemon is asked, and where its address and token came from",
     )
 
 
@@ -44,8 +74,17 @@ def add_follow_options(p: argparse.ArgumentParser) -> None:
 
 
 def client_from_args(args: argparse.Namespace) -> Client:
-    """A ``Client`` for ``--url``/``--token``/``--token-file``/``--cacert``. Raises
-    ``ClientError``."""
-    token = resolve_token(args.token, getattr(args, "token_file", None))
-    cacert = resolve_cacert(getattr(args, "cacert", None))
-    return Client(resolve_url(args.url), token=token, cacert=cacert)
+    """A ``Client`` for ``--url``/``--token``/``--token-file``/``--cacert``/``--config``
+    (``sglang_supervisor_api.cli.daemon_address`` says the order). Raises ``ClientError``."""
+    address = resolve_address(
+        args.url,
+        args.token,
+        getattr(args, "token_file", None),
+        getattr(args, "cacert", None),
+        getattr(args, "config", None),
+    )
+    if getattr(args, "verbose", False):
+        err_detail(f"sglang-supervisor: {address.describe()}")
+    return Client(
+        address.url, token=address.token, cacert=address.cacert, url_from=address.url_from
+    )

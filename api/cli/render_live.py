@@ -11,7 +11,7 @@ from sglang_supervisor_api.cli.text import clip, duration, epoch_clock, value
 
 
 def _stamp(elapsed_s: float) -> str:
-    """``  +1.23s``: time since the operation was submitted, right-aligned."""
+    """``  +1.23s``: time since the operation started (its ``created_at``), right-aligned."""
     return f"+{elapsed_s:.2f}s".rjust(8)
 
 

@@ -128,7 +128,19 @@ def run_rollout(args: argparse.Namespace) -> int:
     replicas = [Replica(u) for u in urls]
     cacert = resolve_cacert(args.cacert)
     try:
-        clients = [Client(u, token=token, cacert=cacert) for u in urls]
+        # An unreachable replica's message says how to give another address: rollout's
+        # own options (it has no --url).
+        hint = "correct this replica's --daemon URL or its entry in the --fleet file"
+        clients = [
+            Client(
+                u,
+                token=token,
+                cacert=cacert,
+                url_from="--daemon" if u in args.daemon else f"--fleet {args.fleet}",
+                url_hint=hint,
+            )
+            for u in urls
+        ]
     except ClientError as exc:
         err(str(exc))
         return EXIT_ERROR

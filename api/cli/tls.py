@@ -29,13 +29,17 @@ def trust(cacert: Path | None) -> ssl.SSLContext:
     if cacert is None:
         return ssl.create_default_context()
     try:
-        return ssl.create_default_context(cafile=str(cacert))
+        context = ssl.create_default_context(cafile=str(cacert))
     except (OSError, ssl.SSLError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ClientError(
             f"cannot load the CA certificate {cacert} (--cacert or ${CACERT_ENV}): {reason}; "
             "give the PEM file of the daemon's certificate or of the CA that signed it"
         ) from exc
+    # The certificate named is trusted as it is, also when it is a CA-signed leaf (the
+    # daemon's own [api] ssl_certfile), not only as the root of a chain.
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    return context
 
 
 def tls_failure(exc: BaseException, url: str) -> str | None:

@@ -144,8 +144,9 @@ async def launch_until_ready(
             ph.end(FAILED, f"interrupted: {exc}")
             raise
         op.rollback_reason = str(exc)
-        if handle is not None:
-            op.rollback_reason += f" while pid {handle.pid} was {ph.name}"
+        if handle is not None:  # a sentence, not a phase name pasted in ("was start")
+            doing = "in probation" if ph.name.endswith(PhaseName.PROBATION) else "starting"
+            op.rollback_reason += f" while pid {handle.pid} was {doing}"
         ph.end(FAILED, op.rollback_reason)
         return False
     return True
