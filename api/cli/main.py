@@ -32,6 +32,7 @@ from sglang_supervisor_api.cli.operation_commands import cmd_apply, cmd_cancel, 
 from sglang_supervisor_api.cli.operations_history import add_operations_parser
 from sglang_supervisor_api.cli.options import (
     ADDRESS_HELP,
+    add_change_options,
     add_client_options,
     add_follow_options,
 )
@@ -88,16 +89,7 @@ def _apply_parser(sub: Any) -> None:
     p.add_argument(
         "--replace", action="store_true", help="the given set replaces the current one entirely"
     )
-    p.add_argument(
-        "--dry-run", action="store_true", help="validate and preflight only; touch nothing"
-    )
-    p.add_argument(
-        "--drain",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="first wait up to S seconds for running and queued requests to finish",
-    )
+    add_change_options(p)
     p.add_argument(
         "--force-restart",
         action="store_true",

@@ -51,19 +51,32 @@ def cmd_apply(args: argparse.Namespace, client: Client) -> int:
             force_restart=args.force_restart,
             without_router=args.without_router,
         )
-        changes = lever_changes(before, op.get("levers_requested") or {})
-        if args.dry_run:
-            if quiet:
-                print_json(op)
-                return outcome_exit(op.get("state"))
-            out("dry run: the levers were checked; nothing was touched")
-            for phase in op.get("phases") or []:
-                out(phase_line(phase, 0.0))
-            out("would change: " + (", ".join(changes) if changes else "nothing"))
-            for item in op.get("not_run") or []:
-                out(f"not checked here: {item.get('check')}: {item.get('reason')}")
-            return outcome_exit(op.get("state"))
+        return dry_run_or_follow(args, client, follower, op, before, "the levers")
+
+
+def dry_run_or_follow(
+    args: argparse.Namespace,
+    client: Client,
+    follower: OperationFollower,
+    op: Json,
+    before: Json,
+    what: str,
+) -> int:
+    """An apply's (or a reconcile's) answer: a dry run's checks and what it would change,
+    else the operation followed to its end. ``what`` names what was checked."""
+    changes = lever_changes(before, op.get("levers_requested") or {})
+    if not args.dry_run:
         return follow_operation(args, client, follower, op, changes)
+    if args.json:
+        print_json(op)
+        return outcome_exit(op.get("state"))
+    out(f"dry run: {what} were checked; nothing was touched")
+    for phase in op.get("phases") or []:
+        out(phase_line(phase, 0.0))
+    out("would change: " + (", ".join(changes) if changes else "nothing"))
+    for item in op.get("not_run") or []:
+        out(f"not checked here: {item.get('check')}: {item.get('reason')}")
+    return outcome_exit(op.get("state"))
 
 
 def cmd_control(args: argparse.Namespace, client: Client) -> int:

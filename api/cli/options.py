@@ -73,6 +73,21 @@ def add_follow_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_change_options(p: argparse.ArgumentParser) -> None:
+    """``--dry-run`` and ``--drain`` of the commands that change the levers (apply,
+    reconcile)."""
+    p.add_argument(
+        "--dry-run", action="store_true", help="validate and preflight only; touch nothing"
+    )
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="first wait up to S seconds for running and queued requests to finish",
+    )
+
+
 def client_from_args(args: argparse.Namespace) -> Client:
     """A ``Client`` for ``--url``/``--token``/``--token-file``/``--cacert``/``--config``
     (``sglang_supervisor_api.cli.daemon_address`` says the order). Raises ``ClientError``."""

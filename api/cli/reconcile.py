@@ -13,13 +13,15 @@ import math
 from typing import Any
 
 from sglang_supervisor_api.cli.client import Client
-from sglang_supervisor_api.cli.exits import UsageError, outcome_exit
+from sglang_supervisor_api.cli.exits import UsageError
 from sglang_supervisor_api.cli.follow import OperationFollower
-from sglang_supervisor_api.cli.operation_commands import follow_operation
-from sglang_supervisor_api.cli.options import add_client_options, add_follow_options
-from sglang_supervisor_api.cli.output import out, print_json
-from sglang_supervisor_api.cli.render import lever_changes
-from sglang_supervisor_api.cli.render_live import phase_line
+from sglang_supervisor_api.cli.operation_commands import dry_run_or_follow
+from sglang_supervisor_api.cli.options import (
+    add_change_options,
+    add_client_options,
+    add_follow_options,
+)
+from sglang_supervisor_api.cli.output import out
 
 HELP = "apply the daemon's config file's levers; nothing to change, no restart"
 
@@ -29,16 +31,7 @@ def add_reconcile_parser(sub: Any) -> None:
     p = sub.add_parser("reconcile", help=HELP, description=(cmd_reconcile.__doc__ or HELP))
     p.set_defaults(func=cmd_reconcile)
     add_client_options(p)
-    p.add_argument(
-        "--dry-run", action="store_true", help="validate and preflight only; touch nothing"
-    )
-    p.add_argument(
-        "--drain",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="first wait up to S seconds for running and queued requests to finish",
-    )
+    add_change_options(p)
     add_follow_options(p)
 
 
@@ -56,16 +49,4 @@ def cmd_reconcile(args: argparse.Namespace, client: Client) -> int:
         if not (args.no_wait or args.dry_run):
             follower.prepare()
         op = client.reconcile(dry_run=args.dry_run, drain_timeout_s=args.drain)
-        changes = lever_changes(before, op.get("levers_requested") or {})
-        if args.dry_run:
-            if quiet:
-                print_json(op)
-                return outcome_exit(op.get("state"))
-            out("dry run: the config's levers were checked; nothing was touched")
-            for phase in op.get("phases") or []:
-                out(phase_line(phase, 0.0))
-            out("would change: " + (", ".join(changes) if changes else "nothing"))
-            for item in op.get("not_run") or []:
-                out(f"not checked here: {item.get('check')}: {item.get('reason')}")
-            return outcome_exit(op.get("state"))
-        return follow_operation(args, client, follower, op, changes)
+        return dry_run_or_follow(args, client, follower, op, before, "the config's levers")
