@@ -4,15 +4,20 @@
   as changed; the diagnoser read it once, at construction).
 - A telemetry read that outlives its server (a stop, an apply) does not write that
   server's figures into the record afterwards.
+- With ``levers_source = "config"``, a SIGHUP (a certificate renewal's ``systemctl
+  reload``...) does not start a server an operator stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from sglang_supervisor.observe.telemetry import Throughput
 from sglang_supervisor.planner.diagnosis import LoadKind
+from sglang_supervisor.states import ServerState
+from sglang_supervisor_api.reconcile import after_sighup
 from tests.unit.engine.common import settle
 from tests.unit.fakes import make_rig, run
 
@@ -72,6 +77,34 @@ def test_a_telemetry_read_that_outlives_its_server_writes_nothing(tmp_path: Path
         # Stopped: no load to show, not the figures of the server that was stopped.
         assert rig.sup.throughput.running_requests is None, rig.sup.throughput
         assert rig.sup.view().status_json([])["throughput"]["source"] is None
+        await rig.sup.shutdown()
+
+    run(main)
+
+
+def test_a_sighup_does_not_start_a_server_an_operator_stopped(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+
+    async def main() -> None:
+        await rig.start_ready()
+        await settle(rig, rig.sup.submit_stop())
+        assert rig.sup.state == ServerState.STOPPED
+        settings = rig.sup.settings
+        # The config as it was, but levers_source = "config": nothing to change.
+        server = settings.server.model_copy(update={"levers_source": "config"})
+        new = settings.model_copy(update={"server": server})
+        tasks: set[asyncio.Task[Any]] = set()
+        after_sighup(rig.sup, new, tasks)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        op = rig.sup.operation
+        if op is not None:
+            await settle(rig, op)
+        # Stopped it stays, until an operator starts it; the drift shows the config.
+        assert rig.sup.state == ServerState.STOPPED, rig.sup.state_reason
+        assert len(rig.procs.spawns) == 1
+        desired = rig.sup.view().desired
+        assert desired is not None and desired.source == "config"
         await rig.sup.shutdown()
 
     run(main)
