@@ -113,6 +113,13 @@ async def initial_start(
         and await try_adopt(parts, record, stop, op, recorded)
     ):
         return
+    if recorded is not None and parts.desired.source == "config":
+        # The recorded server was not adopted (gone after a reboot, or stopped): only an
+        # adoption keeps its levers, so the file's win here as at any start (prepare).
+        levers = levers_to_start(
+            parts.desired.view(), parts.schema, record.levers, adopting=False, warn=record.warn
+        )
+        record.chose_levers(levers, record.last_good)
     # Leftovers of an earlier daemon (same instance tag) go first, so the baseline is
     # measured with nothing of ours on the GPUs.
     members = await asyncio.to_thread(members_now, parts, record)

@@ -6,6 +6,8 @@
   server's figures into the record afterwards.
 - With ``levers_source = "config"``, a SIGHUP (a certificate renewal's ``systemctl
   reload``...) does not start a server an operator stopped.
+- With ``levers_source = "config"``, a server recorded for adoption that is gone (a
+  reboot with ``keep_server_on_exit``) does not keep the file's levers from winning.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from sglang_supervisor.planner.diagnosis import LoadKind
 from sglang_supervisor.states import ServerState
 from sglang_supervisor_api.reconcile import after_sighup
 from tests.unit.engine.common import settle
-from tests.unit.fakes import make_rig, run
+from tests.unit.fakes import INITIAL_LEVERS, FakeProbe, FakeProcessOps, make_rig, run
 
 KV_BOUND = Throughput(running_requests=80, queued_requests=240, token_usage=0.998)
 
@@ -108,3 +110,32 @@ def test_a_sighup_does_not_start_a_server_an_operator_stopped(tmp_path: Path) ->
         await rig.sup.shutdown()
 
     run(main)
+
+
+def test_config_levers_win_at_a_reboot_after_keep_server(tmp_path: Path) -> None:
+    procs = FakeProcessOps(FakeProbe())
+    first = make_rig(tmp_path, procs=procs)
+
+    async def before() -> None:
+        await first.start_ready()
+        await first.sup.shutdown(keep_server=True)  # recorded for the next daemon
+
+    run(before)
+    procs.crash(procs.handles[0], returncode=-9)  # the reboot: nothing of it survives
+    server = first.settings.server.model_copy(
+        update={"levers_source": "config", "levers": {**INITIAL_LEVERS, "mem_fraction_static": 0.7}}
+    )
+    second = make_rig(
+        tmp_path, procs=procs, settings=first.settings.model_copy(update={"server": server})
+    )
+
+    async def after() -> None:
+        await second.start_ready()
+        argv = procs.spawns[-1].argv
+        assert argv[argv.index("--mem-fraction-static") + 1] == "0.7"
+        status = await second.sup.status()
+        assert status["levers"]["mem_fraction_static"] == 0.7
+        assert status["drift"] == []
+        await second.sup.shutdown()
+
+    run(after)
