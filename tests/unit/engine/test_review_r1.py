@@ -8,6 +8,7 @@
   reload``...) does not start a server an operator stopped.
 - With ``levers_source = "config"``, a server recorded for adoption that is gone (a
   reboot with ``keep_server_on_exit``) does not keep the file's levers from winning.
+- The daemon that refuses to start on invalid configured levers says what to fix, where.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from sglang_supervisor.observe.telemetry import Throughput
 from sglang_supervisor.planner.diagnosis import LoadKind
@@ -139,3 +142,17 @@ def test_config_levers_win_at_a_reboot_after_keep_server(tmp_path: Path) -> None
         await second.sup.shutdown()
 
     run(after)
+
+
+def test_invalid_configured_levers_say_where_to_fix_them(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path, levers={"model_path": "m", "mem_fraction": 0.9})
+
+    async def main() -> None:
+        with pytest.raises(ValueError) as caught:
+            await rig.sup.start()
+        message = str(caught.value)
+        assert "mem_fraction" in message and "[server.levers]" in message, message
+        assert "start the daemon again" in message, message
+        assert rig.procs.spawns == []
+
+    run(main)
