@@ -9,6 +9,9 @@
 - With ``levers_source = "config"``, a server recorded for adoption that is gone (a
   reboot with ``keep_server_on_exit``) does not keep the file's levers from winning.
 - The daemon that refuses to start on invalid configured levers says what to fix, where.
+- With ``levers_source = "config"``, the file's levers that differ from the last-good set
+  start like an apply's (probation, then the last-good levers back if they fail), not
+  retried until a crash loop leaves nothing serving.
 """
 
 from __future__ import annotations
@@ -24,7 +27,14 @@ from sglang_supervisor.planner.diagnosis import LoadKind
 from sglang_supervisor.states import ServerState
 from sglang_supervisor_api.reconcile import after_sighup
 from tests.unit.engine.common import settle
-from tests.unit.fakes import INITIAL_LEVERS, FakeProbe, FakeProcessOps, make_rig, run
+from tests.unit.fakes import (
+    INITIAL_LEVERS,
+    Behaviour,
+    FakeProbe,
+    FakeProcessOps,
+    make_rig,
+    run,
+)
 
 KV_BOUND = Throughput(running_requests=80, queued_requests=240, token_usage=0.998)
 
@@ -156,3 +166,38 @@ def test_invalid_configured_levers_say_where_to_fix_them(tmp_path: Path) -> None
         assert rig.procs.spawns == []
 
     run(main)
+
+
+def test_config_levers_that_fail_at_start_roll_back_to_the_last_good(tmp_path: Path) -> None:
+    procs = FakeProcessOps(FakeProbe())
+    first = make_rig(tmp_path, procs=procs)
+
+    async def before() -> None:
+        await first.start_ready()  # 0.8 serves and is last-good
+        await first.sup.shutdown()
+
+    run(before)
+    server = first.settings.server.model_copy(
+        update={"levers_source": "config", "levers": {**INITIAL_LEVERS, "mem_fraction_static": 0.7}}
+    )
+    second = make_rig(
+        tmp_path, procs=procs, settings=first.settings.model_copy(update={"server": server})
+    )
+    procs.plan(Behaviour(exit_on_start=1))  # the file's 0.7 does not start (an OOM...)
+
+    async def after() -> None:
+        await second.sup.start()
+        op = second.sup.operation
+        assert op is not None
+        await settle(second, op)
+        assert op.state == "rolled_back", (op.state, op.error)
+        assert "config" in (op.error or ""), op.error
+        argv = procs.spawns[-1].argv
+        assert argv[argv.index("--mem-fraction-static") + 1] == "0.8"
+        assert second.sup.state == ServerState.READY
+        status = await second.sup.status()
+        assert status["levers"]["mem_fraction_static"] == 0.8
+        assert [d["lever"] for d in status["drift"]] == ["mem_fraction_static"]
+        await second.sup.shutdown()
+
+    run(after)
