@@ -25,6 +25,7 @@ from sglang_supervisor.config import Settings
 from sglang_supervisor.engine import Busy, Supervisor
 from sglang_supervisor.redact import redact
 from sglang_supervisor.sglang.levers import LeverError
+from sglang_supervisor.states import ServerState
 from sglang_supervisor_api.audit import audit
 from sglang_supervisor_api.responses import BUSY, INVALID, OperationEnvelope
 from sglang_supervisor_api.routes import OPERATION_ANSWERS, SupervisorDep, WaitQuery, _answer
@@ -135,10 +136,16 @@ def on_sighup(sup: Supervisor) -> Callable[[Settings], list[str]]:
 def after_sighup(sup: Supervisor, new: Settings, tasks: set[asyncio.Task[Any]]) -> list[str]:
     """A SIGHUP re-read the config into ``new`` (on the loop): take its levers as the
     desired state; with ``levers_source = "config"`` reconcile the server to them (an
-    operation, started here and kept in ``tasks``; a refusal is in /status's warnings and
-    ``levers_config.last_reconcile``). Returns what changed."""
+    operation, started here and kept in ``tasks``; not while the daemon still starts, nor
+    for a server an operator stopped: a reload does not start it; a refusal is in
+    /status's warnings and ``levers_config.last_reconcile``). Returns what changed."""
     changed = reread(sup, new)
-    loading = sup.view().loading
+    view = sup.view()
+    loading = view.loading
+    # Stopped with no operation running: an operator's stop (POST /stop, or a cancelled
+    # start-up), which holds until an operator starts the server. A reload (a certificate
+    # renewal's `systemctl reload`...) is not one: the reconcile would start it.
+    stopped = view.state == ServerState.STOPPED and view.operation is None
     if new.server.levers_source == "config" and loading is not None:
         # No operation may run yet; the start-up launches the config's levers unless it
         # had chosen its levers already: then a reconcile once it is up applies these.
@@ -146,6 +153,12 @@ def after_sighup(sup: Supervisor, new: Settings, tasks: set[asyncio.Task[Any]]) 
             "reconcile (SIGHUP) not run: the daemon is still starting (loading %s); "
             "`sglang-supervisor reconcile` once it is up applies the config",
             loading,
+        )
+    elif new.server.levers_source == "config" and stopped:
+        log.warning(
+            "reconcile (SIGHUP) not run: the server was stopped by an operator (%s) and "
+            "stays stopped; `sglang-supervisor reconcile` applies the config and starts it",
+            view.state_reason,
         )
     elif new.server.levers_source == "config":
         task = asyncio.ensure_future(_reconcile_on_sighup(sup))

@@ -235,5 +235,8 @@ def levers_to_start(
         return persisted
     if problems:
         why = "; ".join(f"{p.lever}: {p.message}" for p in problems)
-        raise ValueError(f"the configured initial levers are invalid: {why}")
+        raise ValueError(
+            f"the configured initial levers are invalid: {why}; fix them in the config's "
+            "[server.levers]/[server.env], then start the daemon again"
+        )
     return configured

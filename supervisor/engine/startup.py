@@ -113,6 +113,13 @@ async def initial_start(
         and await try_adopt(parts, record, stop, op, recorded)
     ):
         return
+    if recorded is not None and parts.desired.source == "config":
+        # The recorded server was not adopted (gone after a reboot, or stopped): only an
+        # adoption keeps its levers, so the file's win here as at any start (prepare).
+        levers = levers_to_start(
+            parts.desired.view(), parts.schema, record.levers, adopting=False, warn=record.warn
+        )
+        record.chose_levers(levers, record.last_good)
     # Leftovers of an earlier daemon (same instance tag) go first, so the baseline is
     # measured with nothing of ours on the GPUs.
     members = await asyncio.to_thread(members_now, parts, record)
@@ -142,11 +149,25 @@ async def initial_start(
             "starting the last-good levers",
         )
         await parts.journal.clear_pending(save=False)
-    if not await launch_until_ready(parts, record, stop, op, record.levers, probation=False):
+    # levers_source = "config": the file's levers may not be the last-good set. Untested,
+    # they start as an apply's do: on probation, and failing, the last-good levers come
+    # back (a retry of levers that never served would end in a crash loop, nothing up).
+    untested = record.last_good is not None and record.levers != record.last_good
+    if not await launch_until_ready(parts, record, stop, op, record.levers, probation=untested):
+        why = op.rollback_reason or "the initial start failed"
         if op.cancelled is not None:
             await cancelled_start_up(parts, record, stop, op)
+        elif untested:
+            await roll_back(
+                parts,
+                record,
+                stop,
+                op,
+                f'the config\'s levers (levers_source = "config") failed at start: {why}; '
+                "fix [server.levers]/[server.env], then SIGHUP (systemctl reload)",
+            )
         else:
-            await recover(parts, record, stop, op, op.rollback_reason or "the initial start failed")
+            await recover(parts, record, stop, op, why)
         return
     await routing.join(parts, record, op)
     await commit(parts, record, op, record.levers)

@@ -88,7 +88,8 @@ class Supervisor(SupervisorReads):
             learned=Learned(schema),
             schema_loader=schema_loader,
             history=LoadHistory(),
-            diagnoser=Diagnoser(settings.timeouts.diagnosis_hold_s, clock=clock),
+            # Read at each sample: a SIGHUP replaces settings.timeouts (api/reload.py).
+            diagnoser=Diagnoser(lambda: settings.timeouts.diagnosis_hold_s, clock=clock),
             desired=DesiredLevers(settings.server),
         )
         self.ops = OperationRegistry(events, self.parts.journal, self._contain)

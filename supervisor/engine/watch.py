@@ -150,13 +150,15 @@ class Watcher:
         await asyncio.to_thread(
             serverlogs.bound_size, server.handle.log_path, parts.settings.server.log_max_mib * MiB
         )
-        if record.state not in (S.READY, S.DRAINING):
+        if record.state not in (S.READY, S.DRAINING) or record.server is not server:
             return
         text = await parts.health.metrics_text(parts.url, 2.0)
+        if record.server is not server:
+            return  # stopped or replaced meanwhile: these figures are not the server's now
         if text is not None:
             with contextlib.suppress(ValueError):
                 record.throughput_read(parse_metrics(text))
                 return
         fallback = await asyncio.to_thread(last_decode_line, server.handle.log_path)
-        if fallback is not None:
+        if fallback is not None and record.server is server:
             record.throughput_read(fallback)

@@ -129,17 +129,19 @@ class Diagnosis:
 class Diagnoser:
     """Classifies each telemetry sample and reports a kind once it held for ``hold_s``.
 
-    ``clock`` (monotonic) times the hold; ``wall`` stamps ``since`` for people.
+    ``clock`` (monotonic) times the hold; ``wall`` stamps ``since`` for people. ``hold_s``
+    may be a callable, read at each sample: the daemon's ``[timeouts] diagnosis_hold_s``,
+    which a SIGHUP may change.
     """
 
     def __init__(
         self,
-        hold_s: float = DEFAULT_HOLD_S,
+        hold_s: float | Callable[[], float] = DEFAULT_HOLD_S,
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self.hold_s = hold_s
+        self._hold = hold_s if callable(hold_s) else (lambda: hold_s)
         self._clock = clock
         self._wall = wall
         now, stamp = clock(), wall()
@@ -149,6 +151,11 @@ class Diagnoser:
         self.current = Diagnosis(
             LoadKind.NO_METRICS, stamp, message=sentence(None, None, None), evidence={}
         )
+
+    @property
+    def hold_s(self) -> float:
+        """How long a kind must hold before it is reported (now)."""
+        return self._hold()
 
     def observe(self, load: Gauges) -> None:
         """One telemetry sample: classify it, and report its kind once it has held."""
