@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from sglang_supervisor.engine.sglang_info import SglangInfo
@@ -33,9 +33,10 @@ log = logging.getLogger("supervisor")
 TransitionHook = Callable[[ServerState, ServerState, str], None]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServerInfo:
-    """The server launch in hand (its fields change through ``ServerRecord`` only)."""
+    """The server launch in hand. Frozen: ``ServerRecord.server_ready`` replaces it, so
+    no reader can change the record through it."""
 
     handle: ServerHandle
     levers: LeverSet
@@ -186,8 +187,9 @@ class ServerRecord:
     def server_ready(self, max_total_num_tokens: int | None) -> None:
         """The server in hand answered /health_generate (and maybe /server_info)."""
         assert self.server is not None
-        self.server.ready_at = wall_iso()
-        self.server.max_total_num_tokens = max_total_num_tokens
+        self.server = replace(
+            self.server, ready_at=wall_iso(), max_total_num_tokens=max_total_num_tokens
+        )
 
     def server_gone(self) -> None:
         """The server was torn down (its GPUs' release is judged apart)."""

@@ -136,9 +136,9 @@ async def contain_or_fail(
     """``contain``; if even that raises, ``failed`` with both reasons (``fail_state``)."""
     try:
         await contain(parts, record, stop, op, exc)
-    except Cancelled as stop:  # the shutdown tears down what is left
+    except Cancelled as cancelled:  # the shutdown tears down what is left
         if not op.finished:
-            op.finish(FAILED, str(stop))
+            op.finish(FAILED, str(cancelled))
     except Exception as again:
         log.exception("operation %s (%s): cleaning up after the error failed", op.id, op.kind)
         why = f"internal error: {type(exc).__name__}: {exc}; cleaning up failed: {again}"

@@ -16,8 +16,9 @@ from collections.abc import Callable
 
 from sglang_supervisor.engine.boundaries import exit_reason
 from sglang_supervisor.engine.parts import Parts
-from sglang_supervisor.engine.record import ServerInfo, ServerRecord
+from sglang_supervisor.engine.record import ReadRecord, ServerRecord
 from sglang_supervisor.engine.registry import OperationRegistry
+from sglang_supervisor.host.backend import ServerHandle
 from sglang_supervisor.observe import serverlogs
 from sglang_supervisor.observe.health import Probe
 from sglang_supervisor.observe.telemetry import Throughput, last_decode_line, parse_metrics
@@ -48,7 +49,8 @@ class Watcher:
         self.tick_s = parts.poll_s * 2.5
         self.liveness_failures = 0
         #: The server ``liveness_failures`` counts for: a new one starts from 0.
-        self._failing: ServerInfo | None = None
+        #: The launch (its handle: the same across ``server_ready``) failures count for.
+        self._failing: ServerHandle | None = None
         self._liveness: asyncio.Task[Probe] | None = None
         #: The server the probe in flight asks (a result about another one is dropped).
         self._probed: object | None = None
@@ -102,21 +104,21 @@ class Watcher:
     def _liveness_tick(self, now: float) -> None:
         parts, record = self.parts, self.record
         t = parts.settings.timeouts
-        if self._failing is not record.server:
+        if self._failing is not _launch(record):
             # A new server (or none): failures of an earlier one never count against it.
-            self._failing, self.liveness_failures = record.server, 0
+            self._failing, self.liveness_failures = _launch(record), 0
         probe = self._liveness
         if probe is not None and probe.done():
             self._liveness = None
             result = None if probe.cancelled() or probe.exception() else probe.result()
-            if result is not None and self._probed is record.server:
+            if result is not None and self._probed is _launch(record):
                 self._judge(result)
         if self._liveness is None and now >= self._next_liveness:
             self._next_liveness = now + t.liveness_interval_s
             if not self._watching():
                 self.liveness_failures = 0
                 return
-            self._probed = record.server
+            self._probed = _launch(record)
             self._liveness = asyncio.create_task(
                 parts.health.generate_ok(parts.url, t.liveness_timeout_s), name="liveness"
             )
@@ -144,21 +146,28 @@ class Watcher:
     async def _read_telemetry(self) -> None:
         parts, record = self.parts, self.record
         server = record.server
+        launch = _launch(record)
         if server is None:
             record.throughput_read(Throughput())  # no server, no load: never show a stale one
             return
         await asyncio.to_thread(
             serverlogs.bound_size, server.handle.log_path, parts.settings.server.log_max_mib * MiB
         )
-        if record.state not in (S.READY, S.DRAINING) or record.server is not server:
+        if record.state not in (S.READY, S.DRAINING) or _launch(record) is not launch:
             return
         text = await parts.health.metrics_text(parts.url, 2.0)
-        if record.server is not server:
+        if _launch(record) is not launch:
             return  # stopped or replaced meanwhile: these figures are not the server's now
         if text is not None:
             with contextlib.suppress(ValueError):
                 record.throughput_read(parse_metrics(text))
                 return
         fallback = await asyncio.to_thread(last_decode_line, server.handle.log_path)
-        if fallback is not None and record.server is server:
+        if fallback is not None and _launch(record) is launch:
             record.throughput_read(fallback)
+
+
+def _launch(record: ReadRecord) -> ServerHandle | None:
+    """Which launch the record holds: its handle (a ``ServerInfo`` is replaced when the
+    server becomes ready, its launch is not)."""
+    return None if record.server is None else record.server.handle

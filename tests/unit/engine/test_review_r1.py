@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +202,20 @@ def test_config_levers_that_fail_at_start_roll_back_to_the_last_good(tmp_path: P
         await second.sup.shutdown()
 
     run(after)
+
+
+def test_the_server_in_hand_cannot_be_changed_through_a_reader(tmp_path: Path) -> None:
+    """The one-writer rule's hole: a reader holding ``record.server`` (a ``ServerInfo``)
+    could set its fields. It is frozen; the record replaces it when the server is ready,
+    and the watcher still knows it as the same launch."""
+    rig = make_rig(tmp_path)
+
+    async def main() -> None:
+        await rig.start_ready()
+        server = rig.sup.server
+        assert server is not None and server.ready_at is not None
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            server.ready_at = "now"  # type: ignore[misc]
+        await rig.sup.shutdown()
+
+    run(main)
