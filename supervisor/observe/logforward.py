@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -89,6 +90,9 @@ class LogForwarder:
         self._refilled = time.monotonic()
         self._dropped = 0
         self._task: asyncio.Task[None] | None = None
+        #: One poll at a time: a cancelled ``run`` leaves its worker-thread poll going
+        #: while ``stop`` flushes in another (two readers would forward lines twice).
+        self._polling = threading.Lock()
         self._started = False
         self._last: Source | None = None
 
@@ -113,6 +117,10 @@ class LogForwarder:
 
     def poll(self, src: Source | None) -> int:
         """Forward what ``src`` gained since the last poll; returns the lines logged."""
+        with self._polling:
+            return self._poll(src)
+
+    def _poll(self, src: Source | None) -> int:
         src = src or self._last  # the server is gone: its last lines still count
         if src is None:
             return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,37 @@ def test_every_path_the_daemon_probes_is_kept_out_of_the_access_log() -> None:
 
     probed = set(re.findall(r'f"\{url\}(/[a-z_]+)"', health.read_text()))
     assert probed and probed <= set(PROBE_PATHS), probed - set(PROBE_PATHS)
+
+
+def test_concurrent_polls_forward_each_line_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cancelled follower's poll may still run in its worker thread while ``stop``
+    flushes in another: each line still reaches the journal once."""
+    caplog.set_level(logging.INFO, "sglang")
+    path = tmp_path / "server-1.log"
+    path.write_text("")
+    fwd = LogForwarder(lambda: None, max_lines_per_s=10**6)
+    src = Source(path, 7, ())
+    fwd.poll(src)  # followed from here
+    done = threading.Event()
+
+    def write() -> None:
+        with path.open("a") as f:
+            for i in range(3000):
+                f.write(f"line {i}\n")
+                f.flush()
+        done.set()
+
+    def poll() -> None:
+        while not done.is_set():
+            fwd.poll(src)
+
+    threads = [threading.Thread(target=poll) for _ in range(6)] + [threading.Thread(target=write)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    fwd.poll(src)
+    said = lines_of(caplog)
+    assert len(said) == 3000 and len(set(said)) == 3000, (len(said), len(set(said)))
