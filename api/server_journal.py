@@ -40,6 +40,10 @@ def server_log_forwarder(settings: Settings, sup: Supervisor) -> LogForwarder | 
             secret_values(dict(server.levers.levers), dict(server.levers.env)),
         )
 
-    forwarder = LogForwarder(source)
+    # The launch logs already there (an adopted server's among them), listed before
+    # start-up can launch anything: a bounded directory (log_keep_launches), read once.
+    logs = sup.view().logs_dir
+    earlier = frozenset(logs.glob("*.log")) if logs.is_dir() else frozenset()
+    forwarder = LogForwarder(source, earlier=earlier)
     forwarder.start()
     return forwarder

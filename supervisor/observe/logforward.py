@@ -77,10 +77,14 @@ class LogForwarder:
         self,
         source: Callable[[], Source | None],
         *,
+        earlier: frozenset[Path] = frozenset(),
         poll_s: float = POLL_S,
         max_lines_per_s: int = MAX_LINES_PER_S,
     ) -> None:
         self._source = source
+        #: The launch logs there were before this daemon: an adopted server's is followed
+        #: from its end; any other from its first line.
+        self._earlier = earlier
         self._poll_s = poll_s
         self._rate = max_lines_per_s
         self._path: Path | None = None
@@ -127,10 +131,12 @@ class LogForwarder:
         self._last = src
         self._refill(src)
         if not self._started:
-            # The log there is at start (an adopted server's) is followed from its end:
-            # its past is in the file, and was forwarded by the daemon that launched it.
-            with contextlib.suppress(OSError):
-                self._offset = os.path.getsize(src.path)
+            # An adopted server's log is followed from its end: its past was forwarded by
+            # the daemon that launched it. A launch of this daemon's from its first line.
+            self._offset = 0
+            if src.path in self._earlier:
+                with contextlib.suppress(OSError):
+                    self._offset = os.path.getsize(src.path)
             self._path = src.path
             self._started = True
         if src.path != self._path:

@@ -23,9 +23,9 @@ def test_follows_truncation_and_new_launches_from_their_start(
     caplog.set_level(logging.INFO, "sglang")
     first = tmp_path / "server-1.log"
     first.write_text("before the daemon\n")
-    fwd = LogForwarder(lambda: None)
+    fwd = LogForwarder(lambda: None, earlier=frozenset({first}))
     src = Source(first, 11, ("hf_abcdefgh",))
-    assert fwd.poll(src) == 0  # an existing log is followed from its end
+    assert fwd.poll(src) == 0  # an adopted server's log is followed from its end
     with first.open("a") as f:
         f.write("[t] WARNING token hf_abcdefgh in a line\nhalf a li")
     assert fwd.poll(src) == 1
@@ -123,3 +123,18 @@ def test_concurrent_polls_forward_each_line_once(
     fwd.poll(src)
     said = lines_of(caplog)
     assert len(said) == 3000 and len(set(said)) == 3000, (len(said), len(set(said)))
+
+
+def test_a_launch_of_this_daemon_is_forwarded_from_its_first_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first poll may come after the launch wrote its first lines (its arguments):
+    they are forwarded all the same; only a log from before the daemon is skipped."""
+    caplog.set_level(logging.INFO, "sglang")
+    earlier = tmp_path / "server-1.log"
+    earlier.write_text("an earlier daemon's launch\n")
+    launch = tmp_path / "server-2.log"
+    launch.write_text("server_args=ServerArgs(model_path='m')\n")
+    fwd = LogForwarder(lambda: None, earlier=frozenset({earlier}))
+    assert fwd.poll(Source(launch, 12, ())) == 1
+    assert lines_of(caplog) == ["[pid 12] server_args=ServerArgs(model_path='m')"]
