@@ -8,9 +8,10 @@ from sglang_supervisor.operations import Operation
 class Busy(RuntimeError):
     """Another operation is running, or the daemon is shutting down (HTTP 409)."""
 
-    def __init__(self, op: Operation) -> None:
+    def __init__(self, op: Operation, why: str | None = None) -> None:
         super().__init__(
-            f"operation {op.id} ({op.kind}) is running; wait for it (GET /operations/{op.id})"
+            why
+            or f"operation {op.id} ({op.kind}) is running; wait for it (GET /operations/{op.id})"
         )
         self.operation = op
 

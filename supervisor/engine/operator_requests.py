@@ -12,7 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from sglang_supervisor.engine import checks, transaction
-from sglang_supervisor.engine.errors import NoSuchOperation, NotCancellable, OperationFinished
+from sglang_supervisor.engine.errors import (
+    Busy,
+    NoSuchOperation,
+    NotCancellable,
+    OperationFinished,
+)
 from sglang_supervisor.engine.parts import Parts
 from sglang_supervisor.engine.record import ReadRecord, ServerRecord
 from sglang_supervisor.engine.registry import MAX_OPERATIONS, OperationRegistry
@@ -89,8 +94,9 @@ async def submit_apply(
     # The apply is one operation from here on: its validate and preflight phases run on
     # it, timed as they run, and count in its duration and metrics. It becomes the
     # running operation only once they pass, so a refused request leaves nothing behind.
-    op = Operation(kind=OpKind.APPLY, dry_run=dry_run, levers_before=record.levers.to_json())
-    requested = requested_levers(parts.schema, record.levers, levers, env, replace=replace)
+    base = record.levers  # what the request is merged onto
+    op = Operation(kind=OpKind.APPLY, dry_run=dry_run, levers_before=base.to_json())
+    requested = requested_levers(parts.schema, base, levers, env, replace=replace)
     # LeverError when SGLang (or a host check) refuses: nothing is touched.
     checked, resolved, not_run = await checks.before_the_stop(parts, record, requested, op)
     op.levers_requested = checked.to_json()
@@ -102,6 +108,8 @@ async def submit_apply(
     if dry_run:
         ops.keep(op)
     else:
+        if not replace:
+            refuse_if_superseded(ops, record, base)
         preempt_backoff(ops, record)
         # Busy if another started meanwhile (or the daemon began closing).
         ops.adopt(op, closing=stop.requested)
@@ -122,3 +130,17 @@ async def submit_apply(
     )
     ops.run(op, apply)
     return op
+
+
+def refuse_if_superseded(ops: OperationRegistry, record: ReadRecord, base: LeverSet) -> None:
+    """``Busy`` when another operation changed the levers while this request was checked
+    (validation may take seconds): merged onto ``base``, it would silently undo them."""
+    if record.levers.digest() == base.digest():
+        return
+    last = ops.last or Operation(kind=OpKind.APPLY)
+    raise Busy(
+        last,
+        f"the levers changed while this request was checked (operation {last.id}, "
+        f"{last.kind}, now serves {record.levers.digest()}); nothing was changed: send it "
+        "again to apply it onto the levers serving now",
+    )

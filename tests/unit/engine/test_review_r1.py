@@ -23,11 +23,14 @@ from typing import Any
 
 import pytest
 
+from sglang_supervisor.engine import checks
+from sglang_supervisor.engine.errors import Busy
 from sglang_supervisor.observe.telemetry import Throughput
+from sglang_supervisor.operations import SUCCEEDED
 from sglang_supervisor.planner.diagnosis import LoadKind
 from sglang_supervisor.states import ServerState
 from sglang_supervisor_api.reconcile import after_sighup
-from tests.unit.engine.common import settle
+from tests.unit.engine.common import apply, settle
 from tests.unit.fakes import (
     INITIAL_LEVERS,
     Behaviour,
@@ -216,6 +219,44 @@ def test_the_server_in_hand_cannot_be_changed_through_a_reader(tmp_path: Path) -
         assert server is not None and server.ready_at is not None
         with pytest.raises(dataclasses.FrozenInstanceError):
             server.ready_at = "now"  # type: ignore[misc]
+        await rig.sup.shutdown()
+
+    run(main)
+
+
+def test_an_apply_checked_while_another_committed_does_not_undo_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two operators at once: B's request is merged onto the levers of when it arrived,
+    then validated (seconds, cold); A's apply runs and commits meanwhile. B must not
+    silently put A's lever back: 409, nothing changed, A's levers serve."""
+    rig = make_rig(tmp_path)
+    original = checks.before_the_stop
+    a_committed = asyncio.Event()
+    b_checking = asyncio.Event()
+
+    async def slow_for_b(parts: Any, record: Any, requested: Any, op: Any) -> Any:
+        result = await original(parts, record, requested, op)
+        if requested.levers.get("chunked_prefill_size") == 4096:  # B
+            b_checking.set()
+            await a_committed.wait()
+        return result
+
+    monkeypatch.setattr(checks, "before_the_stop", slow_for_b)
+
+    async def main() -> None:
+        await rig.start_ready()
+        b = asyncio.ensure_future(rig.sup.submit_apply({"chunked_prefill_size": 4096}, {}))
+        await b_checking.wait()
+        a = await apply(rig, {"mem_fraction_static": 0.9})
+        assert a.state == SUCCEEDED
+        pid = rig.sup.server.handle.pid if rig.sup.server else None
+        a_committed.set()
+        with pytest.raises(Busy, match=f"changed while this request was checked .*{a.id}"):
+            await b
+        assert rig.sup.levers.levers["mem_fraction_static"] == 0.9
+        assert "chunked_prefill_size" not in rig.sup.levers.levers
+        assert rig.sup.server is not None and rig.sup.server.handle.pid == pid
         await rig.sup.shutdown()
 
     run(main)
