@@ -172,4 +172,7 @@ async def _reconcile_on_sighup(sup: Supervisor) -> None:
         op = await sup.submit_reconcile("SIGHUP", dry_run=False, drain_s=0.0)
     except (LeverError, Busy):
         return  # logged and shown in /status by engine/desired.py
+    except Exception:  # a task nobody awaits: say it here, not as "never retrieved"
+        log.exception("reconcile (SIGHUP) failed; the server was not touched by it")
+        return
     log.info("reconcile (SIGHUP): operation %s", op.id)
