@@ -88,3 +88,25 @@ def test_every_path_the_daemon_probes_is_kept_out_of_the_access_log() -> None:
 
     probed = set(re.findall(r'f"\{url\}(/[a-z_]+)"', health.read_text()))
     assert probed and probed <= set(PROBE_PATHS), probed - set(PROBE_PATHS)
+
+
+def test_secrets_are_hidden_across_the_line_cut_and_when_short(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A secret across MAX_LINE_CHARS kept its first part in the journal; a short one
+    (under MIN_SECRET_CHARS) in SGLang's ServerArgs print was forwarded whole."""
+    caplog.set_level(logging.INFO, "sglang")
+    path = tmp_path / "server-1.log"
+    path.write_text("")
+    secret = "hf_abcdefghijklmnop"
+    src = Source(path, 9, (secret, "k3y"))
+    fwd = LogForwarder(lambda: None)
+    fwd.poll(src)
+    cut = "x" * (MAX_LINE_CHARS - 8) + secret + " after\n"
+    args = "server_args=ServerArgs(model_path='m', api_key='k3y', admin_api_key=None, port=1)\n"
+    with path.open("a") as f:
+        f.write(cut + args)
+    assert fwd.poll(src) == 2
+    said = "\n".join(lines_of(caplog))
+    assert secret[:8] not in said, said[-200:]
+    assert "k3y" not in said and "api_key='<redacted>', admin_api_key=None" in said, said
