@@ -35,6 +35,8 @@ log = logging.getLogger("sglang")
 POLL_S = 0.5
 MAX_LINES_PER_S = 200
 MAX_LINE_CHARS = 4000
+#: How far past the cut a line is scrubbed (a URL password or ``api_key='...'`` across it).
+SCRUB_MARGIN = 512
 MAX_READ_BYTES = 1 << 20
 #: A secret shorter than this is not searched for in the text (it would hide "1" or "on").
 MIN_SECRET_CHARS = 6
@@ -185,8 +187,10 @@ class LogForwarder:
                 self._dropped += 1
                 continue
             self._tokens -= 1
-            # Scrubbed whole, then cut: a secret across the cut would keep its first part.
-            text = scrub(line, src.secrets)[:MAX_LINE_CHARS]
+            # Scrubbed beyond the cut, then cut: a secret across the cut would keep its
+            # first part; scrubbing a whole 1 MiB line would cost far more than the cut.
+            margin = SCRUB_MARGIN + max((len(x) for x in src.secrets), default=0)
+            text = scrub(line[: MAX_LINE_CHARS + margin], src.secrets)[:MAX_LINE_CHARS]
             log.log(line_level(line), "[pid %d] %s", src.pid, text, extra={"server_pid": src.pid})
             logged += 1
         return logged
