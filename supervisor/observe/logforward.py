@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from sglang_supervisor.redact import REDACTED, SECRET_LEVERS, redact_text
 
 log = logging.getLogger("sglang")
@@ -35,6 +37,9 @@ log = logging.getLogger("sglang")
 POLL_S = 0.5
 MAX_LINES_PER_S = 200
 MAX_LINE_CHARS = 4000
+#: psutil's process start times are rounded to clock ticks: a launch this close before
+#: the forwarder began counts as its own.
+LAUNCH_SLACK_S = 0.5
 #: How far past the cut a line is scrubbed (a URL password or ``api_key='...'`` across it).
 SCRUB_MARGIN = 512
 MAX_READ_BYTES = 1 << 20
@@ -98,6 +103,8 @@ class LogForwarder:
         self._task: asyncio.Task[None] | None = None
         self._started = False
         self._last: Source | None = None
+        #: Wall time this forwarder began (a server launched since is followed from its start).
+        self._created = time.time()
 
     def start(self) -> None:
         """Start following in the background (the event loop must be running)."""
@@ -126,10 +133,13 @@ class LogForwarder:
         self._last = src
         self._refill(src)
         if not self._started:
-            # The log there is at start (an adopted server's) is followed from its end:
-            # its past is in the file, and was forwarded by the daemon that launched it.
-            with contextlib.suppress(OSError):
-                self._offset = os.path.getsize(src.path)
+            # An adopted server's log is followed from its end: its past is in the file,
+            # and was forwarded by the daemon that launched it. One this daemon launched
+            # is followed from its first line, however late this first look comes (the
+            # start-up launches beside it: its arguments and start would be lost).
+            if not self._launched_since_start(src.pid):
+                with contextlib.suppress(OSError):
+                    self._offset = os.path.getsize(src.path)
             self._path = src.path
             self._started = True
         if src.path != self._path:
@@ -154,6 +164,12 @@ class LogForwarder:
         if not complete:
             return 0
         return self._emit(src, complete.decode(errors="replace").splitlines())
+
+    def _launched_since_start(self, pid: int) -> bool:
+        try:
+            return psutil.Process(pid).create_time() >= self._created - LAUNCH_SLACK_S
+        except psutil.Error:
+            return False  # gone, or not ours to see: as an adopted one
 
     def _flush_partial(self, src: Source) -> None:
         if self._partial:

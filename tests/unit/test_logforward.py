@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sglang_supervisor.observe.logforward import MAX_LINE_CHARS, LogForwarder, Source
 from sglang_supervisor.sglang.accesslog import PROBE_PATHS
+from tests.helpers import wait_until
 
 
 def lines_of(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -133,3 +138,28 @@ def test_long_lines_cost_little_to_scrub(tmp_path: Path) -> None:
     began = time.monotonic()
     assert fwd.poll(src) == 1
     assert time.monotonic() - began < 2.0
+
+
+def test_a_server_launched_after_the_forwarder_began_is_followed_from_its_first_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At daemon start the start-up launches beside the forwarder: when the forwarder's
+    first look came after the server's first lines (its ServerArgs), they were taken for
+    an adopted server's past and never reached the journal."""
+    caplog.set_level(logging.INFO, "sglang")
+    fwd = LogForwarder(lambda: None)
+    path = tmp_path / "server-1.log"
+    path.write_text("server_args=ServerArgs(model_path='m')\n")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        wait_until(lambda: psutil.pid_exists(proc.pid), 10, 0.01, "the launched process")
+        assert fwd.poll(Source(path, proc.pid, ())) == 1
+    finally:
+        proc.kill()
+        proc.wait()
+    assert lines_of(caplog) == [f"[pid {proc.pid}] server_args=ServerArgs(model_path='m')"]
+    # A server older than the forwarder (adopted): from the end of its log, as before.
+    other = LogForwarder(lambda: None)
+    adopted = tmp_path / "server-0.log"
+    adopted.write_text("the earlier daemon's lines\n")
+    assert other.poll(Source(adopted, os.getppid(), ())) == 0
