@@ -82,18 +82,31 @@ def create_app(
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         # One error shape for every 4xx (sglang_supervisor_api.responses.Problem): each refused
         # field as a problem, without its "input" (it may be large, or not JSON-encodable: NaN).
-        problems = [
-            {
-                "lever": ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "request",
-                "message": str(e.get("msg", "")),
-                "type": e.get("type"),
-            }
-            for e in exc.errors()
-        ]
+        problems = [_problem(e) for e in exc.errors()]
         detail = {"message": "the request was refused; nothing was changed", "problems": problems}
         return JSONResponse({"detail": detail}, status_code=422)
 
     return app
+
+
+def _problem(e: Any) -> dict[str, Any]:
+    if e.get("type") == "json_invalid":
+        # Pydantic says "JSON decode error" at ("body", <character>): which character, what
+        # was wrong there, what to send instead.
+        loc = tuple(e.get("loc", ()))
+        at = f" at character {loc[1]}" if len(loc) > 1 else ""
+        why = (e.get("ctx") or {}).get("error") or "not JSON"
+        return {
+            "lever": "body",
+            "message": f"the body is not valid JSON ({why}{at}); send a JSON object, "
+            "e.g. curl -d '{}' (nothing was changed)",
+            "type": "json_invalid",
+        }
+    return {
+        "lever": ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "request",
+        "message": str(e.get("msg", "")),
+        "type": e.get("type"),
+    }
 
 
 def _plain_message(status: int, text: str) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
@@ -75,7 +76,19 @@ async def post_reconcile(
     changed); 409 busy."""
     body = body or ReconcileRequest()
     if dry_run is not None:
-        body = body.model_copy(update={"dry_run": dry_run or body.dry_run})
+        # One switch, as POST /levers: given twice, both must say the same.
+        if "dry_run" in body.model_fields_set and body.dry_run != dry_run:
+            raise RequestValidationError(
+                [
+                    {
+                        "loc": ("query", "dry_run"),
+                        "msg": f"?dry_run={str(dry_run).lower()} contradicts the body's "
+                        f"dry_run {str(body.dry_run).lower()}; give it once. Nothing was done",
+                        "type": "value_error",
+                    }
+                ]
+            )
+        body = body.model_copy(update={"dry_run": dry_run})
     load: LoadSettings | None = getattr(request.app.state, "load_settings", None)
     if load is not None:
         try:

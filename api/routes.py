@@ -20,7 +20,8 @@ from sglang_supervisor.observe.metrics import SupervisorMetrics
 from sglang_supervisor.observe.serverlogs import log_for_launch
 from sglang_supervisor.observe.telemetry import tail_lines
 from sglang_supervisor.operations import Operation
-from sglang_supervisor.redact import redact
+from sglang_supervisor.redact import REDACTED, redact
+from sglang_supervisor.sglang.drift import hides_value
 from sglang_supervisor.sglang.levers import LeverError
 from sglang_supervisor.states import ServerState
 from sglang_supervisor.version import version
@@ -177,11 +178,20 @@ async def post_levers(
             without_router=body.without_router,
         )
     except LeverError as exc:
+        # A refused set is as it was sent: a misspelt secret (api-kye, env.hf_token) is
+        # not secret-named, and the audit log goes to the journal too.
+        schema = sup.view().schema
+        hidden = {
+            k: {side: REDACTED if v is not None else None for side, v in change.items()}
+            if hides_value(k, schema) and isinstance(change, dict)
+            else change
+            for k, change in diff.items()
+        }
         audit(
             request.scope,
             "apply",
             outcome="refused",
-            diff=diff,
+            diff=hidden,
             problems=redact([p.to_json() for p in exc.problems]),
         )
         raise HTTPException(

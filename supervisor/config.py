@@ -329,4 +329,15 @@ def load_settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
         for key in parents:
             node = node.setdefault(key, {})
         node[leaf] = value
-    return Settings.model_validate(data)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        # Each bad key and why, never its value: pydantic's text quotes every value
+        # (input_value='sk-...'), and this message reaches POST /reconcile's answer, the
+        # audit log and the journal; a secret under a misspelt section would be in them.
+        bad = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
+            for e in exc.errors(include_url=False, include_input=False)
+        )
+        where = f"config {path}" if path is not None else "the settings"
+        raise ValueError(f"{where} is refused: {bad}; fix or remove what is named") from None

@@ -10,6 +10,7 @@ Every failure becomes a ``ClientError`` (``sglang_supervisor_api.cli.client_erro
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from sglang_supervisor_api.cli.client_errors import (
     Unauthorized,
     Unreachable,
 )
+from sglang_supervisor_api.cli.exits import UsageError
 from sglang_supervisor_api.cli.tls import tls_failure, trust
 
 DEFAULT_URL = "http://127.0.0.1:8470"
@@ -89,6 +91,21 @@ def _reason(exc: Exception) -> str:
     if text.startswith("[Errno") and "] " in text:
         text = text.split("] ", 1)[1]
     return text[:1].lower() + text[1:]
+
+
+#: What an operation id may hold (the daemon's are 12 hex digits): an id is put in a URL
+#: path, where ``../stop#`` would make ``cancel`` a POST /stop.
+_OPERATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def operation_path(op_id: str, tail: str = "") -> str:
+    """``/operations/{op_id}{tail}``; raises ``UsageError`` for what is no operation id."""
+    if not _OPERATION_ID.fullmatch(op_id):
+        raise UsageError(
+            f"{op_id!r} is not an operation id (letters, digits, - and _; the daemon's are "
+            "12 hex digits): copy it from `sglang-supervisor operations`"
+        )
+    return f"/operations/{op_id}{tail}"
 
 
 class Client:
@@ -272,7 +289,7 @@ class Client:
     def operation(self, op_id: str) -> Json:
         """``GET /operations/{id}``: the operation (the answer's ``operation`` envelope,
         the one POST answers use; a daemon older than the envelope answered it bare)."""
-        body = self._json("GET", f"/operations/{op_id}")
+        body = self._json("GET", operation_path(op_id))
         inner = body.get("operation")
         return inner if isinstance(inner, dict) else body
 
@@ -352,7 +369,7 @@ class Client:
         try:
             data = self._json(
                 "POST",
-                f"/operations/{op_id}/cancel",
+                operation_path(op_id, "/cancel"),
                 params={"wait": "true" if wait else "false"},
                 timeout_s=None if not wait else OPERATION_WAIT_S,
             )

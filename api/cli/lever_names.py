@@ -7,6 +7,8 @@ asked quickly, the schema bundled with this package. The flags the supervisor ow
 
 from __future__ import annotations
 
+import re
+
 from sglang_supervisor_api.cli.client import Client
 from sglang_supervisor_api.cli.client_errors import ClientError
 from sglang_supervisor_api.cli.daemon_address import resolve_address
@@ -14,6 +16,10 @@ from sglang_supervisor_api.cli.daemon_address import resolve_address
 #: A TAB must not hang on a daemon that does not answer.
 CONNECT_TIMEOUT_S = 0.5
 TIMEOUT_S = 2.0
+#: What a lever name may be (SGLang's dest names are Python identifiers). The shells
+#: expand what they complete from (bash's ``compgen -W`` runs a ``$(...)`` in it), so a
+#: name from the daemon that is anything else is dropped, never printed.
+_NAME = re.compile(r"[a-z][a-z0-9_]{0,127}")
 
 
 def _from_daemon() -> list[str]:
@@ -28,7 +34,8 @@ def _from_daemon() -> list[str]:
         connect_timeout_s=CONNECT_TIMEOUT_S,
     ) as client:
         flags = client.schema().get("flags") or []
-    return [str(f["dest"]) for f in flags if isinstance(f, dict) and f.get("dest")]
+    names = (str(f["dest"]) for f in flags if isinstance(f, dict) and f.get("dest"))
+    return [name for name in names if _NAME.fullmatch(name)]
 
 
 def _bundled() -> list[str]:

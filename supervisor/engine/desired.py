@@ -28,8 +28,8 @@ from sglang_supervisor.config import ServerSettings
 from sglang_supervisor.engine.errors import Busy
 from sglang_supervisor.engine.record import ServerRecord
 from sglang_supervisor.operations import Operation, wall_iso
-from sglang_supervisor.redact import REDACTED, is_secret_name, redact
-from sglang_supervisor.sglang.drift import canonical_config, lever_drift
+from sglang_supervisor.redact import REDACTED, redact
+from sglang_supervisor.sglang.drift import canonical_config, hides_value, lever_drift
 from sglang_supervisor.sglang.levers import LeverError, LeverSet
 from sglang_supervisor.sglang.schema import FlagSchema
 
@@ -107,7 +107,7 @@ class DesiredView:
         drift = lever_drift(self.config, serving, schema)
         entries = []
         for e in drift.entries:
-            secret = is_secret_name(e.lever)
+            secret = hides_value(e.lever, schema)
             entries.append(
                 {
                     "lever": e.lever,

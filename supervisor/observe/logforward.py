@@ -29,17 +29,23 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_supervisor.redact import REDACTED, redact_text
+from sglang_supervisor.redact import REDACTED, SECRET_LEVERS, redact_text
 
 log = logging.getLogger("sglang")
 
 POLL_S = 0.5
 MAX_LINES_PER_S = 200
 MAX_LINE_CHARS = 4000
+#: How far past the cut a line is scrubbed (a URL password or ``api_key='...'`` across it).
+SCRUB_MARGIN = 512
 MAX_READ_BYTES = 1 << 20
 #: A secret shorter than this is not searched for in the text (it would hide "1" or "on").
 MIN_SECRET_CHARS = 6
 _LEVEL = re.compile(r"\b(CRITICAL|ERROR|WARNING|Traceback)\b")
+#: SGLang's own print of a secret flag, ``server_args=ServerArgs(..., api_key='...')``:
+#: hidden whatever its length (a literal search skips values under MIN_SECRET_CHARS).
+_SECRET_NAMES = "|".join(sorted(SECRET_LEVERS))
+_SECRET_ARG = re.compile(rf"\b(?P<head>(?:{_SECRET_NAMES})=)(?P<q>['\"])(?P<value>.*?)(?P=q)")
 _LEVELS = {
     "CRITICAL": logging.CRITICAL,
     "ERROR": logging.ERROR,
@@ -64,6 +70,7 @@ def line_level(line: str) -> int:
 
 
 def scrub(line: str, secrets: Iterable[str]) -> str:
+    line = _SECRET_ARG.sub(lambda m: f"{m['head']}{m['q']}{REDACTED}{m['q']}", line)
     for secret in secrets:
         if len(secret) >= MIN_SECRET_CHARS and secret in line:
             line = line.replace(secret, REDACTED)
@@ -99,6 +106,7 @@ class LogForwarder:
         self._polling = threading.Lock()
         self._started = False
         self._last: Source | None = None
+        #: Wall time this forwarder began (a server launched since is followed from its start).
 
     def start(self) -> None:
         """Start following in the background (the event loop must be running)."""
@@ -194,7 +202,10 @@ class LogForwarder:
                 self._dropped += 1
                 continue
             self._tokens -= 1
-            text = scrub(line[:MAX_LINE_CHARS], src.secrets)
+            # Scrubbed beyond the cut, then cut: a secret across the cut would keep its
+            # first part; scrubbing a whole 1 MiB line would cost far more than the cut.
+            margin = SCRUB_MARGIN + max((len(x) for x in src.secrets), default=0)
+            text = scrub(line[: MAX_LINE_CHARS + margin], src.secrets)[:MAX_LINE_CHARS]
             log.log(line_level(line), "[pid %d] %s", src.pid, text, extra={"server_pid": src.pid})
             logged += 1
         return logged

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_supervisor.redact import is_secret_name
 from sglang_supervisor.sglang.levers import (
     LeverError,
     LeverProblem,
@@ -70,3 +71,14 @@ def lever_drift(config: LeverSet, serving: LeverSet, schema: FlagSchema) -> Drif
         for name, change in serving.diff(desired).items()
     )
     return Drift(entries, tuple(problems))
+
+
+def hides_value(lever: str, schema: FlagSchema) -> bool:
+    """Whether /status must not show a drift entry's values (``lever`` as in the entry):
+    a secret in any spelling (``env.hf_token``, ``admin-api-key``), or a lever the schema
+    does not know — the config's levers are shown as written when refused, and a misspelt
+    secret (``api-kye``) would be shown whole otherwise."""
+    if lever.startswith("env."):
+        return is_secret_name("env." + lever.removeprefix("env.").upper())
+    name = lever.replace("-", "_")
+    return is_secret_name(name) or name not in schema.flags

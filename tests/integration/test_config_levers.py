@@ -127,6 +127,11 @@ def test_reconcile_rereads_the_config_without_a_sighup_and_refuses_an_invalid_on
 ) -> None:
     d = daemon_factory(gpus=2, levers=LEVERS).start()
     pid = d.status()["server"]["pid"]
+    # ?dry_run= and the body's dry_run contradicting: refused, as POST /levers does.
+    for query, body in (("false", True), ("true", False)):
+        r = d.client.post("/reconcile", params={"dry_run": query}, json={"dry_run": body})
+        assert r.status_code == 422 and "contradicts" in r.text, r.text
+    assert not [op for op in operations(d) if op["id"] != d.status()["last_operation"]["id"]]
     edit_config(d, 'mem_fraction_static = "0.85"', 'mem_fraction_static = "plenty"')
     r = d.client.post("/reconcile", json={})
     assert r.status_code == 422, r.text

@@ -27,3 +27,9 @@ def test_history_and_diagnosis_are_served(readonly_daemon: Daemon) -> None:
     assert newer["t"] and newer["t"][0] == body["t"][-1]
     r = d.client.get("/history", params={"limit": "5"})
     assert r.status_code == 422 and "limit" in r.text
+    # Absurd or non-finite times are refused, not answered with an empty history.
+    for bad in ("nan", "inf", "-inf", "1e309", "1e308", str(body["t"][-1] * 1000)):
+        r = d.client.get("/history", params={"since": bad})
+        assert r.status_code == 422 and "since" in r.text, (bad, r.text)
+    r = d.client.get("/history", params={"since": str(body["t"][-1] * 1000)})
+    assert "seconds (not milliseconds)" in r.text, r.text

@@ -58,3 +58,23 @@ def test_api_key_and_token_env_are_redacted_everywhere_but_the_server(
     assert levers["levers"]["api_key"] == "<redacted>"
     assert levers["env"]["SGLANG_EXTRA_TOKEN"] == "<redacted>"
     assert levers["env"]["HF_ENDPOINT"] == "https://mirror-user:<redacted>@hf-mirror.internal/"
+
+
+def test_a_refused_misspelt_secret_is_not_in_the_audit_log(daemon_factory: type[Daemon]) -> None:
+    """A lever the schema does not know (``api-kye``) or an env name in lower case
+    (``hf_token``) is not secret-named: a refused apply wrote its value into audit.log
+    and, through the audit logger, the journal."""
+    d = daemon_factory().start()
+    r = d.apply({"api-kye": SECRET}, env={"hf_token": ENV_SECRET})
+    assert r.status_code == 422, r.text
+    audit_path = d.dir / "state" / "audit.log"
+
+    def audit_with_the_refusal() -> str | None:
+        text = audit_path.read_text()
+        return text if '"refused"' in text else None
+
+    text = wait_until(audit_with_the_refusal, 10, 0.02, "the refused apply in audit.log")
+    assert SECRET not in text and ENV_SECRET not in text, text
+    assert '"api-kye"' in text and '"env.hf_token"' in text, text  # named, not shown
+    journal = d.log_path.read_text(errors="replace")
+    assert SECRET not in journal and ENV_SECRET not in journal

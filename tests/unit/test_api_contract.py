@@ -312,3 +312,20 @@ def test_docs_page_needs_no_cdn_and_no_token(tmp_path: Path) -> None:
             assert (await client.get("/openapi.json")).status_code == 200
 
     run(check)
+
+
+def test_a_body_that_is_not_json_says_where_and_what_to_send(tmp_path: Path) -> None:
+    """It said ``{"lever": "0", "message": "JSON decode error"}``: no field named 0, and
+    nothing said what to send."""
+
+    async def check() -> None:
+        async with api_client(tmp_path, token=TOKEN) as (client, _, _):
+            for path in ("/levers", "/reconcile", "/plan"):
+                r = await client.post(path, content=b"{not json")
+                assert r.status_code == 422, (path, r.text)
+                (problem,) = r.json()["detail"]["problems"]
+                assert problem["lever"] == "body", (path, problem)
+                assert "not valid JSON" in problem["message"], (path, problem)
+                assert "at character 1" in problem["message"], (path, problem)
+
+    run(check)

@@ -223,3 +223,16 @@ def test_fish_script_parses_as_complete_lines() -> None:
 
 def test_fish_quote() -> None:
     assert fish_quote("it's a \\ test") == "'it\\'s a \\\\ test'"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_lever_name_from_the_daemon_is_never_run_by_the_shell(tmp_path: Path) -> None:
+    """bash's ``compgen -W`` expands the words it completes from: a daemon whose schema
+    named a flag ``$(touch FILE)`` ran that command on the operator's TAB."""
+    marker = tmp_path / "ran"
+    hostile = [f"$(touch {marker})", f"`touch {marker}`", "zz_fine"]
+    with fake_daemon(hostile) as url:
+        env = _shell_env(SGLANG_SUPERVISOR_URL=url)
+        assert complete_bash("apply", "--set", "", env=env) == ["zz_fine="]
+        assert complete_bash("apply", "--unset", "", env=env) == ["zz_fine"]
+    assert not marker.exists()

@@ -32,6 +32,7 @@ class StandIn:
     def __init__(self) -> None:
         self.status = 200
         self.body: Any = {}
+        self.requests: list[str] = []
 
 
 @pytest.fixture
@@ -42,6 +43,7 @@ def daemon() -> Iterator[tuple[str, StandIn]]:
         def _reply(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             self.rfile.read(length)
+            answer.requests.append(f"{self.command} {self.path}")
             status, body = answer.status, answer.body
             if self.path.startswith("/operations/op42"):
                 status, body = 200, {"operation": RUNNING_OP}
@@ -129,3 +131,23 @@ def test_cancel_of_a_rollback_says_it_cannot_be_cancelled(daemon: tuple[str, Sta
     assert code == 1
     assert f"not cancelled: {message}" in err
     assert "already ended" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("cancel", "--no-wait", "../stop#"),
+        ("cancel", "--no-wait", "../../stop?"),
+        ("operations", "show", "../levers#"),
+        ("operations", "follow", "../status#"),
+    ],
+)
+def test_an_operation_id_is_never_another_path(
+    daemon: tuple[str, StandIn], argv: tuple[str, ...]
+) -> None:
+    """``cancel '../stop#'`` was POST /stop (the server stopped); ``operations show
+    '../levers#'`` printed GET /levers as an operation. A bad id is refused, unsent."""
+    url, answer = daemon
+    code, err = run(*argv, "--url", url)
+    assert code == 2 and "is not an operation id" in err, err
+    assert not [r for r in answer.requests if "/stop" in r or "/levers" in r], answer.requests

@@ -72,3 +72,16 @@ def test_router_and_log_level_come_from_the_environment_too(
     s = load_settings(None, {})
     assert s.router.url == "http://127.0.0.1:30100"
     assert s.log_level == "debug"
+
+
+def test_a_refused_config_names_the_key_and_file_never_the_value(tmp_path: Path) -> None:
+    """A secret under a misspelt section (``[server.lever]``) was quoted in the error
+    (pydantic's ``input_value='sk-...'``), which POST /reconcile answers, the audit log
+    records and a SIGHUP logs."""
+    path = tmp_path / "config.toml"
+    path.write_text('[server.lever]\napi_key = "sk-do-not-show"\n[sim]\nhf_token = "hf_hidden"\n')
+    with pytest.raises(ValueError) as caught:
+        load_settings(path, {})
+    text = str(caught.value)
+    assert "sk-do-not-show" not in text and "hf_hidden" not in text, text
+    assert str(path) in text and "server.lever" in text and "sim.hf_token" in text, text

@@ -4,12 +4,14 @@ names and types (supervisor/sglang/drift.py), and what a daemon start launches w
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from sglang_supervisor.config import ServerSettings
 from sglang_supervisor.engine.desired import DesiredLevers, levers_to_start
+from sglang_supervisor.redact import REDACTED
 from sglang_supervisor.sglang.drift import lever_drift
 from sglang_supervisor.sglang.levers import LeverSet, check_levers
 from sglang_supervisor.sglang.schema import load_bundled
@@ -118,3 +120,19 @@ def test_with_config_invalid_config_levers_start_the_last_applied_and_say_why() 
 def test_invalid_config_levers_and_nothing_persisted_refuse_to_start() -> None:
     with pytest.raises(ValueError, match="mem_fraction_static"):
         _start("config", {**CONFIG, "mem_fraction_static": "lots"}, None)
+
+
+def test_status_hides_a_secret_however_spelt_and_an_unknown_levers_value() -> None:
+    """A refused config is shown as written: ``env.hf_token`` (lower case) and a misspelt
+    ``api-kye`` were shown whole to every reader of /status, the read-only token's too."""
+    config = ServerSettings(
+        levers={**CONFIG, "api-kye": "sk-typo-secret", "admin-api-key": "sk-dash-secret"},
+        env={"hf_token": "hf_lower_secret"},
+    )
+    shown = DesiredLevers(config).view().status_json(SERVING, SCHEMA, 42)
+    text = json.dumps(shown)
+    assert "typo-secret" not in text and "dash-secret" not in text, text
+    assert "lower_secret" not in text, text
+    drift = {e["lever"]: e["config"] for e in shown["drift"]}
+    assert drift["api-kye"] == REDACTED and drift["env.hf_token"] == REDACTED, drift
+    assert drift["mem_fraction_static"] == 0.8  # an ordinary value is still shown

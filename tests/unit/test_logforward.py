@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,47 @@ def test_a_launch_of_this_daemon_is_forwarded_from_its_first_line(
     fwd = LogForwarder(lambda: None, earlier=frozenset({earlier}))
     assert fwd.poll(Source(launch, 12, ())) == 1
     assert lines_of(caplog) == ["[pid 12] server_args=ServerArgs(model_path='m')"]
+
+
+def test_secrets_are_hidden_across_the_line_cut_and_when_short(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A secret across MAX_LINE_CHARS kept its first part in the journal; a short one
+    (under MIN_SECRET_CHARS) in SGLang's ServerArgs print was forwarded whole."""
+    caplog.set_level(logging.INFO, "sglang")
+    path = tmp_path / "server-1.log"
+    path.write_text("")
+    secret = "hf_abcdefghijklmnop"
+    src = Source(path, 9, (secret, "k3y"))
+    fwd = LogForwarder(lambda: None)
+    fwd.poll(src)
+    cut = "x" * (MAX_LINE_CHARS - 8) + secret + " after\n"
+    args = "server_args=ServerArgs(model_path='m', api_key='k3y', admin_api_key=None, port=1)\n"
+    with path.open("a") as f:
+        f.write(cut + args)
+    assert fwd.poll(src) == 2
+    said = "\n".join(lines_of(caplog))
+    assert secret[:8] not in said, said[-200:]
+    assert "k3y" not in said and "api_key='<redacted>', admin_api_key=None" in said, said
+
+
+def test_long_lines_cost_little_to_scrub(tmp_path: Path) -> None:
+    """The forwarder's thread holds the GIL while it scrubs: a second's worth of 4,000
+    character lines of letters before an ``=`` took 5 s (the URL pattern rescanned the
+    run at every position), and a 100,000 character line 18 s when scrubbed whole."""
+    path = tmp_path / "server-1.log"
+    path.write_text("")
+    src = Source(path, 9, ("hf_abcdefghijklmnop",))
+    fwd = LogForwarder(lambda: None)
+    fwd.poll(src)
+    line = "a" * (MAX_LINE_CHARS - 1) + "="
+    path.write_text((line + "\n") * 200)
+    assert fwd.poll(src) == 200  # the bound: one second's worth
+    fwd._refilled -= 1.0  # a second later
+    with path.open("a") as f:
+        f.write("b" * 100_000 + "=\n")
+    # A guard against the quadratic scan (18 s before), not a timing goal: it takes
+    # ~0.05 s, and the bound leaves a loaded machine a wide margin.
+    began = time.monotonic()
+    assert fwd.poll(src) == 1
+    assert time.monotonic() - began < 6.0

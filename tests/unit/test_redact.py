@@ -4,7 +4,9 @@ environment variables."""
 
 from __future__ import annotations
 
-from sglang_supervisor.redact import REDACTED, is_secret_env, redact
+import time
+
+from sglang_supervisor.redact import REDACTED, is_secret_env, redact, redact_text
 
 
 def test_secret_levers_env_and_diffs_are_hidden_everything_else_kept() -> None:
@@ -61,3 +63,14 @@ def test_credentials_inside_url_values_are_hidden_whatever_the_name() -> None:
     # A URL without a password, a port and ordinary query parameters are kept as they are.
     plain = "http://host:30000/v1/models?revision=main&max_tokens=8 user@example.com"
     assert redact({"x": plain}) == {"x": plain}
+
+
+def test_redact_text_is_linear_in_a_long_run_of_letters() -> None:
+    """The URL pattern's unbounded scheme rescanned a run of letters from every position:
+    100,000 of them before an ``=`` took about 18 s (with the GIL held)."""
+    # A guard against the quadratic scan, not a timing goal: ~0.05 s now.
+    began = time.monotonic()
+    assert redact_text("a" * 100_000 + "=") == "a" * 100_000 + "="
+    assert time.monotonic() - began < 6.0
+    # Still found after a long run: the scheme is the run's last 64 characters at most.
+    assert redact_text("x" * 300 + "https://u:pw@h/") == "x" * 300 + "https://u:<redacted>@h/"
