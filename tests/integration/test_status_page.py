@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.cdp import Browser, Page, find_chromium
 from tests.helpers import Daemon, wait_until
+from tests.sglang_env import SGLANG_PYTHON
 
 CHROMIUM = find_chromium()
 if CHROMIUM is None:
@@ -25,6 +27,20 @@ if CHROMIUM is None:
     pytest.skip("needs Debian's chromium (scripts/test.sh installs it)", allow_module_level=True)
 
 TOKEN = "page-test-token-5c1e0a"
+SHOTS = os.environ.get("SGLANG_SUPERVISOR_SCREENSHOTS")
+
+
+def as_documented() -> dict[str, Any]:
+    """The daemon of the README's screenshots validates with SGLang's own parser, as one
+    in production does: with ``SGLANG_SUPERVISOR_SCREENSHOTS`` set and the test
+    command's SGLang environment there, ``server.python`` is that environment (start-up
+    imports SGLang: slower). Otherwise the bundled schema, and the page says validation
+    is degraded."""
+    if SHOTS and Path(SGLANG_PYTHON).exists():
+        return {"server": {"python": SGLANG_PYTHON}}
+    return {}
+
+
 STATE = "document.getElementById('state').dataset.state"
 
 
@@ -76,7 +92,7 @@ def test_status_page_through_an_apply_and_a_rollback(
     daemon_factory: type[Daemon], tmp_path: Path
 ) -> None:
     shots = Path(os.environ.get("SGLANG_SUPERVISOR_SCREENSHOTS") or tmp_path)
-    d = daemon_factory(sim={"startup_s": 1.5})
+    d = daemon_factory(sim={"startup_s": 1.5}, extra=as_documented())
     d.env["SGLANG_SUPERVISOR_TOKEN"] = TOKEN
     d.client.headers["Authorization"] = f"Bearer {TOKEN}"
     d.start()
@@ -240,7 +256,12 @@ def test_status_page_through_a_kv_bound_incident(
     shots = Path(os.environ.get("SGLANG_SUPERVISOR_SCREENSHOTS") or tmp_path)
     d = daemon_factory(
         timeouts={"diagnosis_hold_s": 4},  # the alert's 3 minutes, shortened for the test
-        extra={"server": {"env": {"SGLANG_SIM_LOAD": INCIDENT_LOAD}}},
+        extra={
+            "server": {
+                "env": {"SGLANG_SIM_LOAD": INCIDENT_LOAD},
+                **as_documented().get("server", {}),
+            }
+        },
     ).start()
     wait_until(
         lambda: d.status()["diagnosis"]["kind"] == "kv_bound", 40, 0.5, "the daemon's kv_bound"
