@@ -141,18 +141,22 @@ async def initial_start(
         return
     if await refuse_if_foreign(parts, record, op):
         return
+    # levers_source = "config": the file's levers may not be the last-good set. Untested,
+    # they start as an apply's do: on probation, and failing, the last-good levers come
+    # back (a retry of levers that never served would end in a crash loop, nothing up).
+    untested = record.last_good is not None and record.levers != record.last_good
     pending = persisted.pending_operation
     if pending is not None:
         op.phase(PhaseName.INTERRUPTED_APPLY).end(
             ROLLED_BACK,
             f"apply {pending.get('id')} was interrupted by the daemon's exit; "
-            "starting the last-good levers",
+            + (
+                'starting the config file\'s levers (levers_source = "config"), on probation'
+                if untested
+                else "starting the last-good levers"
+            ),
         )
         await parts.journal.clear_pending(save=False)
-    # levers_source = "config": the file's levers may not be the last-good set. Untested,
-    # they start as an apply's do: on probation, and failing, the last-good levers come
-    # back (a retry of levers that never served would end in a crash loop, nothing up).
-    untested = record.last_good is not None and record.levers != record.last_good
     if not await launch_until_ready(parts, record, stop, op, record.levers, probation=untested):
         why = op.rollback_reason or "the initial start failed"
         if op.cancelled is not None:

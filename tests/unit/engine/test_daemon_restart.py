@@ -24,6 +24,7 @@ from tests.unit.engine.common import (
     idle,
     launched,
     nothing_held,
+    phase_detail,
     settle,
 )
 from tests.unit.fakes import (
@@ -376,6 +377,31 @@ def test_an_operator_can_cancel_the_adoption_of_a_server_that_does_not_answer(
         assert nothing_held(second)
         start = await settle(second, await second.sup.submit_start())
         assert start.state == SUCCEEDED
+        await second.sup.shutdown()
+
+    run(after)
+
+
+def test_an_interrupted_apply_says_which_levers_start_with_levers_source_config(
+    tmp_path: Path,
+) -> None:
+    """With ``levers_source = "config"`` the restarted daemon starts the file's levers,
+    and the interrupted apply's phase says so (it said "the last-good levers")."""
+    procs, first = killed_mid_apply(tmp_path)
+    levers = {**first.settings.server.levers, "mem_fraction_static": 0.7}
+    server = first.settings.server.model_copy(update={"levers_source": "config", "levers": levers})
+    second = make_rig(
+        tmp_path, procs=procs, settings=first.settings.model_copy(update={"server": server})
+    )
+
+    async def after() -> None:
+        await second.start_ready()
+        argv = procs.spawns[-1].argv
+        assert argv[argv.index("--mem-fraction-static") + 1] == "0.7"
+        start = second.sup.ops.last
+        assert start is not None
+        detail = phase_detail(start, PhaseName.INTERRUPTED_APPLY)
+        assert "was interrupted by the daemon's exit; starting the config file's levers" in detail
         await second.sup.shutdown()
 
     run(after)
