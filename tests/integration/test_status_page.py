@@ -302,6 +302,13 @@ def test_status_page_through_a_kv_bound_incident(
         p.wait(
             f"{STATE} === 'ready' && !document.getElementById('state').innerText.includes('·')", 40
         )
+        # The operations list refreshes on its own poll: wait for the apply's row.
+        p.wait(
+            "[...document.querySelectorAll('#operations tbody tr')].some(r => "
+            "r.children[1].innerText === 'apply' && r.children[2].innerText === 'succeeded')",
+            20,
+            "the apply's row: succeeded",
+        )
         assert outcome_row(p)[:2] == ("apply", "succeeded")
         diff = p.js(
             "[...document.querySelectorAll('#operations tbody tr')]"
