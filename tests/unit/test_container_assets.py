@@ -81,8 +81,15 @@ def test_the_pod_probes_the_daemon_and_waits_out_its_stop(tmp_path: Path) -> Non
     assert "persistentVolumeClaim" in volumes[mounts[STATE]]
     assert "configMap" in volumes[mounts["/etc/sglang-supervisor"]]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
-    env = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"]}
-    assert env["SGLANG_SUPERVISOR_TOKEN"] == d["Secret"]["metadata"]["name"]
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"]}
+    assert env["SGLANG_SUPERVISOR_TOKEN"] == {
+        "name": "sglang-supervisor-secrets",
+        "key": "api-token",
+    }
+    # The token is made on the spot (the header's kubectl create secret): one written in
+    # the example, kept in git, would be a token everyone knows, and the daemon takes it.
+    assert "Secret" not in d, "pod.yaml must not ship a token"
+    assert "kubectl create secret generic sglang-supervisor-secrets" in POD.read_text()
 
 
 @pytest.mark.parametrize("what", ["ENTRYPOINT", "VOLUME"])
