@@ -57,8 +57,19 @@ class CdpError(RuntimeError):
 class Browser:
     """One headless Chromium; :meth:`page` opens a tab to drive."""
 
-    def __init__(self, binary: str, *, timeout_s: float = 30.0, flags: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        binary: str,
+        *,
+        timeout_s: float = 30.0,
+        startup_timeout_s: float = 120.0,
+        flags: Sequence[str] = (),
+    ) -> None:
         self.timeout_s = timeout_s
+        #: The first answer waits for the browser to start: on a loaded 2-core CI machine
+        #: (three test workers, other browsers) that took over 30 s once.
+        self.startup_timeout_s = startup_timeout_s
+        self._answered = False
         self.profile = tempfile.mkdtemp(prefix="sgs-chromium-")
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
@@ -95,7 +106,8 @@ class Browser:
         if session is not None:
             msg["sessionId"] = session
         os.write(self._to_browser, json.dumps(msg).encode() + b"\0")
-        deadline = time.monotonic() + self.timeout_s
+        wait_s = self.timeout_s if self._answered else self.startup_timeout_s
+        deadline = time.monotonic() + wait_s
         answer: dict[str, Any] | None = None
         while answer is None:
             for m in self._read(deadline):  # every message read is looked at
@@ -103,6 +115,7 @@ class Browser:
                     answer = m
                 elif m.get("method") == "Runtime.exceptionThrown":
                     self._pending.append(m)  # other events are not kept
+        self._answered = True
         if "error" in answer:
             raise CdpError(f"{method}: {answer['error']}")
         result: dict[str, Any] = answer.get("result", {})
