@@ -6,7 +6,8 @@ settings: ``sglang_supervisor_api.cli.daemon_address``), ``--token`` / ``--token
 ``-v`` and ``--json`` (the daemon's JSON on stdout, nothing else). Exit codes
 (``sglang_supervisor_api.cli.exits``): 0 done; 1 the daemon unreachable or another error;
 2 refused (invalid levers, bad usage); 3 the change rolled back; 4 the operation failed;
-5 another operation is running; 130 interrupted.
+5 another operation is running; 6 the token missing or refused; 7 not found (no such
+operation or launch log); 130 interrupted.
 """
 
 from __future__ import annotations
