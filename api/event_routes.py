@@ -32,6 +32,9 @@ KEEP_ALIVE_S = 15.0
 #: A client that takes no bytes for this long (it stopped reading; its TCP window is full)
 #: is dropped: its stream held a connection and a subscription for as long as it lived.
 SEND_TIMEOUT_S = 60.0
+#: Between lines, on every event and the pings (sse-starlette's default is "\r\n", also on
+#: each ServerSentEvent made here): the status page's reader splits events on "\n\n".
+SEP = "\n"
 
 
 async def _next_event(
@@ -72,7 +75,7 @@ async def events(
     generation = access.generation
 
     async def stream() -> AsyncIterator[ServerSentEvent]:
-        yield ServerSentEvent(comment="sglang-supervisor events")
+        yield ServerSentEvent(comment="sglang-supervisor events", sep=SEP)
         stop = asyncio.ensure_future(closing.wait())
         rotated = access.rotation()
         try:
@@ -80,17 +83,16 @@ async def events(
                 while not closing.is_set() and access.generation == generation:
                     event = await _next_event(queue, {stop, rotated})
                     if event is not None:
-                        yield ServerSentEvent(data=json.dumps(redact(event)), event=event["kind"])
+                        data = json.dumps(redact(event))
+                        yield ServerSentEvent(data=data, event=event["kind"], sep=SEP)
         finally:
             stop.cancel()
             rotated.cancel()
 
-    # "\n" between lines (sse-starlette's default is "\r\n"): the status page's reader
-    # splits events on a blank line of "\n\n".
     return EventSourceResponse(
         stream(),
         headers={"Cache-Control": "no-cache"},
         ping=KEEP_ALIVE_S,
-        sep="\n",
+        sep=SEP,
         send_timeout=SEND_TIMEOUT_S,
     )

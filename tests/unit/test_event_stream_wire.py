@@ -65,6 +65,7 @@ async def _keep_alive_events_and_a_disconnect(tmp_path: Path) -> None:
             if b"event: state" in body:
                 break
             await asyncio.sleep(0.01)
+        assert b"\r" not in body  # the status page splits events on "\\n\\n"
         event = next(ln for ln in bytes(body).split(b"\n") if ln.startswith(b"data: "))
         assert json.loads(event[6:])["state"] == "ready"
         gone.set()  # the client goes
