@@ -31,9 +31,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sglang_supervisor.config import ApiSettings
 from sglang_supervisor_api.audit import TOKEN_SCOPE_KEY, audit
+from sglang_supervisor_api.env_names import READ_TOKEN_ENV, TOKEN_ENV
 
-TOKEN_ENV = "SGLANG_SUPERVISOR_TOKEN"
-READ_TOKEN_ENV = "SGLANG_SUPERVISOR_READ_TOKEN"
 #: Methods that change nothing: the read-only token may use them on every route.
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: POST routes that change nothing (``/plan`` computes a proposal, applies nothing).

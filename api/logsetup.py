@@ -3,9 +3,11 @@ and uvicorn's alike.
 
 - ``text`` (default): ``2026-01-01 12:00:00,000 INFO supervisor: ready -> stopping (...)``.
 - ``json``: one object per line — ``time`` (ISO 8601, UTC), ``level``, ``logger``,
-  ``message``, the ``extra`` fields a line carries (``operation_id``, ``kind``,
-  ``outcome``, ``duration_s``...) and ``exc_info`` with the traceback. Hand-written (30
-  lines) rather than python-json-logger: nothing else here needs that dependency.
+  ``message``, the ``extra`` fields a line carries (``outcome``, ``duration_s``...) and
+  ``exc_info`` with the traceback; a line logged while an operation runs (in its task or a
+  worker thread of it) carries that operation's ``operation_id``, ``kind``, ``phase`` and
+  ``state`` (``sglang_supervisor.observe.oplog.OperationFields``). Written by
+  python-json-logger.
 
 Under systemd (``$JOURNAL_STREAM`` names the stderr we write to), each line starts with
 its syslog priority (``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug), which
@@ -18,12 +20,16 @@ uvicorn must not install its own handlers: pass :data:`UVICORN_LOG_CONFIG` as
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
+
+from pythonjsonlogger.core import RESERVED_ATTRS
+from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
+
+from sglang_supervisor.observe.oplog import OperationFields
 
 FORMATS = ("text", "json")
 #: ``uvicorn.Config(log_config=UVICORN_LOG_CONFIG)``: uvicorn configures no handlers.
@@ -37,8 +43,8 @@ _PRIORITY = {
     logging.DEBUG: 7,
 }
 #: LogRecord attributes that are not ``extra`` fields.
-_STANDARD = frozenset(
-    set(vars(logging.LogRecord("n", logging.INFO, "p", 1, "m", None, None)))
+_STANDARD = sorted(
+    {*RESERVED_ATTRS, *vars(logging.LogRecord("n", logging.INFO, "p", 1, "m", None, None))}
     # uvicorn adds color_message (the message with ANSI colours) to some of its lines.
     | {"message", "asctime", "taskName", "color_message"}
 )
@@ -65,20 +71,26 @@ def writes_to_journal(stream: TextIO) -> bool:
     return st.st_dev == int(dev) and st.st_ino == int(ino)
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
-                out[key] = value
-        if record.exc_info:
-            out["exc_info"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+class JsonFormatter(_JsonFormatter):
+    """python-json-logger's, with this daemon's keys: ``time`` first (UTC, milliseconds),
+    ``level``, ``logger``, ``message``, then the extras; a value JSON has no type for as its
+    ``str``."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "{levelname}{name}{message}",
+            style="{",
+            rename_fields={"levelname": "level", "name": "logger"},
+            reserved_attrs=_STANDARD,
+            json_default=str,
+        )
+
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        created = datetime.fromtimestamp(record.created, UTC)
+        log_data["time"] = created.isoformat(timespec="milliseconds")
+        super().add_fields(log_data, record, message_dict)
 
 
 class _Journal(logging.Formatter):
@@ -118,6 +130,7 @@ def setup_logging(level: str = "info", fmt: str = "text", stream: TextIO | None 
         raise ValueError(f"unknown log level {level!r}")
     handler = logging.StreamHandler(out)
     handler.setFormatter(make_formatter(fmt, writes_to_journal(out)))
+    handler.addFilter(OperationFields())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -54,17 +54,19 @@ if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/lib/chromium/chromium ];
     echo "   chromium missing and not root: the status page test will be skipped"
   fi
 fi
-echo "== fish (the fish completion's test runs the real shell)"
-# Debian's fish, installed when missing and this runs as root; without it the test only
-# parses the generated script (skipped loudly; fails under CI=true).
-if ! command -v fish >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fish >/dev/null \
-      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fish >/dev/null; }
-  else
-    echo "   fish missing and not root: the fish completion test will only parse the script"
+echo "== fish and zsh (the completion tests run the real shells)"
+# Debian's fish and zsh, installed when missing and this runs as root; without them their
+# tests are skipped loudly (and fail under CI=true).
+for shell in fish zsh; do
+  if ! command -v "$shell" >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$shell" >/dev/null \
+        || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$shell" >/dev/null; }
+    else
+      echo "   $shell missing and not root: its completion test will be skipped"
+    fi
   fi
-fi
+done
 echo "== a two-node Slurm cluster on this machine (the multi-host tests)"
 # Debian's slurm-wlm + munge, installed when missing and this runs as root; free ports are
 # picked so another cluster on this host (a developer's, another run's) never collides.

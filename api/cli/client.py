@@ -18,7 +18,6 @@ from typing import Any, Self
 
 import httpx
 
-from sglang_supervisor_api.auth import TOKEN_ENV
 from sglang_supervisor_api.cli.client_errors import (
     Busy,
     ClientError,
@@ -31,6 +30,7 @@ from sglang_supervisor_api.cli.client_errors import (
 )
 from sglang_supervisor_api.cli.exits import UsageError
 from sglang_supervisor_api.cli.tls import tls_failure, trust
+from sglang_supervisor_api.env_names import TOKEN_ENV
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 URL_ENV = "SGLANG_SUPERVISOR_URL"

@@ -1,32 +1,34 @@
-"""``sglang-supervisor completion bash|zsh|fish``: a shell completion script, generated from
-the command line's own parser (so it never drifts from it; no dependency). Lever names after
-``--set`` / ``--unset`` come from the daemon's schema when it answers, else from the
-bundled one (``completion --lever-names``, which the scripts call: ``lever_names``).
+"""``sglang-supervisor completion bash|zsh|fish``: a static shell completion script, generated
+from the command line's own parser (so it never drifts from it): commands, options, choices,
+files after options that take a path, and lever names after ``--set`` / ``--unset``. No
+Python runs on a TAB: the lever names are written into the script when it is generated —
+the daemon's schema when it answers then (``GET /levers/schema``: the flags of the SGLang it
+runs), else the bundled one (``lever_names``); generate it again after an SGLang upgrade.
 
 Install: ``sglang-supervisor completion bash > /etc/bash_completion.d/sglang-supervisor``
-(or ``source <(sglang-supervisor completion bash)`` in ``~/.bashrc``; zsh: the same with
-``zsh``, which loads bash's completion system); fish: ``sglang-supervisor completion fish >
+(or ``source <(sglang-supervisor completion bash)`` in ``~/.bashrc``); zsh: ``completion
+zsh > "${fpath[1]}/_sglang-supervisor"``; fish: ``sglang-supervisor completion fish >
 ~/.config/fish/completions/sglang-supervisor.fish``.
 
-Not argcomplete: it would run this Python program on every TAB (the whole CLI imported,
-~0.3 s here) and add a dependency, for what a static script generated from the same
-parser does; only lever names need the program, and only after ``--set``/``--unset``.
+bash and zsh come from shtab (the parser walked by a maintained library: zsh gets its own
+``_arguments`` completion, no longer bash's through ``bashcompinit``); shtab has no fish,
+so fish keeps the generator of ``completion_fish``. Not argcomplete: it runs this Python
+program on every TAB (the whole CLI imported).
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 from pathlib import Path
 from typing import Any
 
 PROG = "sglang-supervisor"
+#: The bash function a shell calls (shtab's, wrapped: ``NAME=`` after ``--set`` takes no
+#: space, so the value follows).
 FUNCTION = "_sglang_supervisor"
 SHELLS = ("bash", "zsh", "fish")
 #: Options whose value is a lever name (``--set`` takes ``NAME=VALUE``).
 LEVER_OPTIONS = ("--set", "--unset")
-#: What the scripts run to list the lever names.
-LEVERS_COMMAND = f"{PROG} completion --lever-names 2>/dev/null"
 
 
 def add_completion_parser(sub: Any) -> None:
@@ -46,109 +48,109 @@ def add_completion_parser(sub: Any) -> None:
 
 def run_completion(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Print the script for ``args.shell``, or the lever names (``--lever-names``)."""
-    if args.lever_names:
-        from sglang_supervisor_api.cli.lever_names import lever_names
+    from sglang_supervisor_api.cli.lever_names import lever_names
 
+    if args.lever_names:
         print("\n".join(lever_names()[0]))
         return 0
     if args.shell is None:
         parser.error("completion: give the shell (bash, zsh or fish), or --lever-names")
-    print(completion_script(parser, args.shell), end="")
+    names, source = lever_names()
+    print(completion_script(parser, args.shell, names, source), end="")
     return 0
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and every command's parser."""
+    out = [parser]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
+            out += list(action.choices.values())
+    return out
 
 
-def _words(parser: argparse.ArgumentParser) -> tuple[list[str], list[str], dict[str, list[str]]]:
-    """A command's options, the options that take a path, and the choices of the others."""
-    options: list[str] = []
-    paths: list[str] = []
-    choices: dict[str, list[str]] = {}
-    for action in parser._actions:
-        options += [o for o in action.option_strings if o.startswith("--") or len(o) == 2]
-        if not action.option_strings:
-            continue
-        if action.type is Path:
-            paths += action.option_strings
-        elif action.choices:
-            for o in action.option_strings:
-                choices[o] = [str(c) for c in action.choices]
-    return options, paths, choices
-
-
-def bash_script(parser: argparse.ArgumentParser) -> str:
-    """The bash completion function for ``parser`` (commands, options, paths, choices)."""
-    commands = _subparsers(parser)
-    top, _, _ = _words(parser)
-    cases = []
-    all_paths: set[str] = set()
-    all_choices: dict[str, list[str]] = {}
-    for name, sub in commands.items():
-        options, paths, choices = _words(sub)
-        all_paths.update(paths)
-        all_choices.update(choices)
-        positional = [
-            str(c)
-            for a in sub._actions
-            if not a.option_strings and a.choices
-            for c in a.choices  # e.g. completion's shell
+def _bash_preamble(names: list[str]) -> str:
+    # The names are identifiers (lever_names drops anything else): compgen -W expands its
+    # word list, so nothing else may reach it.
+    words = " ".join(names)
+    return "\n".join(
+        [
+            f'_sglang_supervisor_lever_names="{words}"',
+            "_sglang_supervisor_levers() {",
+            '  compgen -W "$_sglang_supervisor_lever_names" -- "$1"',
+            "}",
+            "_sglang_supervisor_levers_assign() {",
+            '  compgen -S = -W "$_sglang_supervisor_lever_names" -- "$1"',
+            "}",
         ]
-        words = " ".join(shlex.quote(w) for w in [*options, *positional])
-        cases.append(f"        {name}) words={shlex.quote(words)} ;;")
-    choice_cases = [
-        f"        {'|'.join(opts)}) COMPREPLY=($(compgen -W {shlex.quote(' '.join(vals))} "
-        '-- "$cur")); return ;;'
-        for vals, opts in _group(all_choices).items()
-    ]
-    lines = [
-        f"# bash completion for {PROG} (generated by `{PROG} completion bash`)",
-        f"{FUNCTION}() {{",
-        '    local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" words',
-        '    if [ "$COMP_CWORD" -eq 1 ]; then',
-        "        COMPREPLY=($(compgen -W "
-        + shlex.quote(" ".join([*commands, *top]))
-        + ' -- "$cur"))',
-        "        return",
-        "    fi",
-        '    case "$prev" in',
-        f'        {"|".join(sorted(all_paths))}) COMPREPLY=($(compgen -f -- "$cur")); return ;;',
-        # a lever name; after --set with "=" and no space, the value follows
-        f'        --set) COMPREPLY=($(compgen -S = -W "$({LEVERS_COMMAND})" -- "$cur"))',
-        "               type compopt >/dev/null 2>&1 && compopt -o nospace; return ;;",
-        f'        --unset) COMPREPLY=($(compgen -W "$({LEVERS_COMMAND})" -- "$cur")); return ;;',
-        *choice_cases,
-        "    esac",
-        '    case "${COMP_WORDS[1]}" in',
-        *cases,
-        "        *) words= ;;",
-        "    esac",
-        '    COMPREPLY=($(compgen -W "$words" -- "$cur"))',
-        "}",
-        f"complete -o default -F {FUNCTION} {PROG}",
-        "",
-    ]
-    return "\n".join(lines)
+    )
 
 
-def _group(choices: dict[str, list[str]]) -> dict[tuple[str, ...], list[str]]:
-    grouped: dict[tuple[str, ...], list[str]] = {}
-    for option, values in sorted(choices.items()):
-        grouped.setdefault(tuple(values), []).append(option)
-    return grouped
+def _bash_wrapper() -> str:
+    return "\n".join(
+        [
+            "",
+            f"{FUNCTION}() {{",
+            f'  _shtab{FUNCTION} "$@"  # shtab\'s function for {PROG}',
+            "  # after --set a lever name ends in '=': its value follows without a space",
+            '  if [[ "${COMP_WORDS[COMP_CWORD-1]}" == --set && ${#COMPREPLY[@]} -gt 0 ]]; then',
+            "    compopt -o nospace 2>/dev/null",
+            "  fi",
+            "  return 0",
+            "}",
+            f"complete -o bashdefault -F {FUNCTION} {PROG}",
+            "",
+        ]
+    )
 
 
-def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
-    """The script for ``shell`` (zsh runs bash's through ``bashcompinit``)."""
+def _zsh_preamble(names: list[str]) -> str:
+    words = " ".join(names)
+    return "\n".join(
+        [
+            f"_sglang_supervisor_lever_names=({words})",
+            "_sglang_supervisor_levers() {",
+            "  compadd -- $_sglang_supervisor_lever_names",
+            "}",
+            "_sglang_supervisor_levers_assign() {",
+            "  compadd -S = -- $_sglang_supervisor_lever_names",
+            "}",
+        ]
+    )
+
+
+def completion_script(
+    parser: argparse.ArgumentParser, shell: str, names: list[str], source: str = "bundled"
+) -> str:
+    """The script for ``shell``, with ``names`` after ``--set``/``--unset`` (``source``:
+    where they came from, said in its header)."""
+    header = (
+        f"# {shell} completion for {PROG} (generated by `{PROG} completion {shell}`); "
+        f"lever names from the {'daemon' if source == 'daemon' else 'bundled'} schema\n"
+    )
     if shell == "fish":
         from sglang_supervisor_api.cli.completion_fish import fish_script
 
-        return fish_script(parser)
-    script = bash_script(parser)
+        return header + fish_script(parser, names)
+    import shtab
+
+    for p in _parsers(parser):
+        for action in p._actions:
+            if "--set" in action.option_strings:
+                action.complete = {  # type: ignore[attr-defined]
+                    "bash": "_sglang_supervisor_levers_assign",
+                    "zsh": "_sglang_supervisor_levers_assign",
+                }
+            elif "--unset" in action.option_strings:
+                action.complete = {  # type: ignore[attr-defined]
+                    "bash": "_sglang_supervisor_levers",
+                    "zsh": "_sglang_supervisor_levers",
+                }
+            elif action.option_strings and action.type is Path:
+                action.complete = shtab.FILE  # type: ignore[attr-defined]
     if shell == "zsh":
-        return "autoload -U +X bashcompinit && bashcompinit\n" + script
-    return script
+        body: str = shtab.complete(parser, "zsh", preamble=_zsh_preamble(names))
+        first, _, rest = body.partition("\n")  # "#compdef ...": zsh reads the first line
+        return f"{first}\n{header}{rest}\n"
+    body = shtab.complete(parser, "bash", preamble=_bash_preamble(names))
+    return header + body + "\n" + _bash_wrapper()

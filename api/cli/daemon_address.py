@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sglang_supervisor_api.auth import TOKEN_ENV
 from sglang_supervisor_api.cli.client import URL_ENV, normalize_url
 from sglang_supervisor_api.cli.client_errors import ClientError
 from sglang_supervisor_api.cli.tls import CACERT_ENV
+from sglang_supervisor_api.env_names import TOKEN_ENV
 
 if TYPE_CHECKING:
     from sglang_supervisor.config import ApiSettings

@@ -1,4 +1,9 @@
-"""The daemon's event stream (``GET /events``, server-sent events) as an iterator of dicts."""
+"""The daemon's event stream (``GET /events``, server-sent events) as an iterator of dicts.
+
+The stream is read by httpx-sse (``EventSource``: the format's rules — fields, comments,
+multi-line data, line endings — kept by a maintained reader); this module opens it, says
+why it could not be opened, and decodes each event's JSON.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from collections.abc import Iterator
 from typing import Self
 
 import httpx
+from httpx_sse import EventSource, SSEError
 
 from sglang_supervisor_api.cli.client import Client, Json
 from sglang_supervisor_api.cli.client_errors import ClientError, NotFound, StreamUnavailable
@@ -29,9 +35,9 @@ def open_event_stream(
 class EventStream:
     """An open ``GET /events`` stream; iterate for event dicts, ``close()`` to end it.
 
-    The daemon sends ``data: <json>`` blocks ended by a blank line (plus ``event:``
-    lines and ``:`` comments, which are skipped). Iteration ends when the daemon closes
-    the stream; a broken connection raises ``ClientError``.
+    The daemon sends ``event: <kind>`` and ``data: <json>`` per event and ``:`` comments
+    (its keep-alive), which are skipped. Iteration ends when the daemon closes the stream;
+    a broken connection raises ``ClientError``.
     """
 
     def __init__(self, client: Client, *, replay: bool, read_timeout_s: float | None) -> None:
@@ -82,22 +88,12 @@ class EventStream:
         response = self._response
         if response is None:
             return
-        data: list[str] = []
         try:
-            for line in response.iter_lines():
-                if not line:
-                    if data:
-                        event = _decode_event("\n".join(data))
-                        data = []
-                        if event is not None:
-                            yield event
-                    continue
-                if line.startswith(":"):
-                    continue
-                field, _, value = line.partition(":")
-                if field == "data":
-                    data.append(value[1:] if value.startswith(" ") else value)
-        except httpx.HTTPError as exc:
+            for sse in EventSource(response).iter_sse():
+                event = _decode_event(sse.data)
+                if event is not None:
+                    yield event
+        except (httpx.HTTPError, SSEError) as exc:
             if self._response is None:  # closed on purpose
                 return
             raise ClientError(f"the event stream from {self._client.url} broke: {exc}") from exc

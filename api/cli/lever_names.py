@@ -1,5 +1,6 @@
-"""The lever names a shell completes after ``--set`` / ``--unset``
-(``sglang-supervisor completion --lever-names``): the daemon's own schema
+"""The lever names a shell completes after ``--set`` / ``--unset``, written into the
+completion script when it is generated (and printed by ``sglang-supervisor completion
+--lever-names``): the daemon's own schema
 (``GET /levers/schema``: the flags of the SGLang it runs), else, when the daemon cannot be
 asked quickly, the schema bundled with this package. The flags the supervisor owns
 (``--host``, ``--port``...) are left out: a lever may not set them.

@@ -6,7 +6,8 @@ settings: ``sglang_supervisor_api.cli.daemon_address``), ``--token`` / ``--token
 ``-v`` and ``--json`` (the daemon's JSON on stdout, nothing else). Exit codes
 (``sglang_supervisor_api.cli.exits``): 0 done; 1 the daemon unreachable or another error;
 2 refused (invalid levers, bad usage); 3 the change rolled back; 4 the operation failed;
-5 another operation is running; 130 interrupted.
+5 another operation is running; 6 the token missing or refused; 7 not found (no such
+operation or launch log); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from sglang_supervisor_api.cli.options import (
     add_change_options,
     add_client_options,
     add_follow_options,
+    merge_global_options,
 )
 from sglang_supervisor_api.cli.plan import add_plan_parser, run_plan
 from sglang_supervisor_api.cli.reconcile import add_reconcile_parser
@@ -112,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {version()}", help="print the version"
     )
+    add_client_options(parser, before_command=True)
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_parser(sub)
     _client_parser(sub, "status", cmd_status, "the server's state, levers, GPUs and load")
@@ -155,9 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of the command ``name``."""
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command: argparse.ArgumentParser = action.choices[name]
+    return command
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    merge_global_options(parser, subcommand(parser, args.command), args)
     if args.command == "serve":
         return run_serve(args)
     if args.command == "cleanup":

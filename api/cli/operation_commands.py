@@ -212,7 +212,8 @@ def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
     """Cancel an operation (default: the running one): it ends at its next phase
     boundary (a hung start or a long drain stops waiting) and rolls back to the last-good
     levers; shown as it happens. Exit as the operation ends (3 rolled back, 4 failed, 0
-    succeeded), 1 when no operation runs or it had already ended."""
+    succeeded), 1 when no operation runs or it had already ended, 7 when the daemon has no
+    operation of that id."""
     op_id = args.operation
     if op_id is None:
         running = client.status().get("operation")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from sglang_supervisor_api.cli.client import Client
 from sglang_supervisor_api.cli.daemon_address import resolve_address
@@ -19,10 +20,22 @@ ADDRESS_HELP = (
 )
 
 
-def add_client_options(p: argparse.ArgumentParser) -> None:
+#: The prefix of a shared option's dest when it is given before the command
+#: (``sglang-supervisor --url URL status``): ``merge_global_options`` moves it over.
+GLOBAL_PREFIX = "global_"
+
+
+def add_client_options(p: argparse.ArgumentParser, *, before_command: bool = False) -> None:
     """``--url``, ``--token``, ``--token-file``, ``--cacert``, ``--config``, ``--json``,
-    ``-v``."""
-    g = p.add_argument_group("daemon", ADDRESS_HELP)
+    ``-v``; on the top-level parser (``before_command``) the same options, kept apart
+    (``GLOBAL_PREFIX``, no defaults) until ``merge_global_options``."""
+    group = p.add_argument_group(
+        "daemon",
+        "options of every command that talks to a daemon, here or after the command"
+        if before_command
+        else ADDRESS_HELP,
+    )
+    g: argparse._ArgumentGroup | _Prefixed = _Prefixed(group) if before_command else group
     g.add_argument(
         "--url",
         help="the daemon's control API (default $SGLANG_SUPERVISOR_URL, else from the "
@@ -58,6 +71,48 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="say on stderr which daemon is asked, and where its address and token came from",
     )
+
+
+class _Prefixed:
+    """An argument group whose options store under ``GLOBAL_PREFIX + dest``, default None:
+    the top-level copies of the shared options, so that a subcommand's own defaults can
+    never hide one given before it."""
+
+    def __init__(self, group: argparse._ArgumentGroup) -> None:
+        self._group = group
+
+    def add_argument(self, *flags: str, **kw: Any) -> argparse.Action:
+        dest = next(f for f in flags if f.startswith("--"))[2:].replace("-", "_")
+        if kw.get("action") != "store_true":
+            kw.setdefault("metavar", dest.upper())
+        kw.update(dest=GLOBAL_PREFIX + dest, default=None)
+        return self._group.add_argument(*flags, **kw)
+
+
+def merge_global_options(
+    parser: argparse.ArgumentParser,
+    command: argparse.ArgumentParser,
+    args: argparse.Namespace,
+) -> None:
+    """Move the shared options given before the command onto its own (``--url URL status``
+    is ``status --url URL``); one given after the command wins. An option the command does
+    not take (``rollout`` has ``--daemon``, no ``--url``) is a usage error (exit 2),
+    never silently dropped."""
+    for key, value in sorted(vars(args).items()):
+        if not key.startswith(GLOBAL_PREFIX):
+            continue
+        delattr(args, key)
+        if value is None:
+            continue
+        option = next(a.option_strings[-1] for a in parser._actions if a.dest == key)
+        own = next((a for a in command._actions if option in a.option_strings), None)
+        if own is None:
+            parser.error(
+                f"{option} is not an option of `{command.prog}`; give it after the command "
+                f"if the command has one (`{command.prog} --help`)"
+            )
+        if getattr(args, own.dest, own.default) == own.default:
+            setattr(args, own.dest, value)
 
 
 def add_follow_options(p: argparse.ArgumentParser) -> None:

@@ -11,7 +11,8 @@ Replicas come from ``--daemon URL`` (repeatable, in order) or ``--fleet FILE``, 
 file: ``daemons = ["http://gpu-a:8470", "http://gpu-b:8470"]`` and optionally
 ``token_file = "/etc/sglang-supervisor/token"`` (the token every daemon accepts).
 Exit codes as ``apply``: 0 every replica succeeded, 2 refused by a dry run (nothing
-touched), 3 a replica rolled back, 4 one failed, 5 one was busy, 1 one was unreachable.
+touched), 3 a replica rolled back, 4 one failed, 5 one was busy, 6 one refused the token,
+1 one was unreachable.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from sglang_supervisor_api.cli.exits import (
     EXIT_ERROR,
     EXIT_INVALID,
     EXIT_OK,
+    EXIT_UNAUTHORIZED,
     UsageError,
+    error_exit,
     outcome_exit,
 )
 from sglang_supervisor_api.cli.follow import OperationFollower
@@ -174,7 +177,10 @@ def _failure(replica: Replica, exc: ClientError) -> int:
         replica.outcome, replica.exit_code = "busy", EXIT_BUSY
         replica.detail = str(exc)
     else:
-        replica.outcome, replica.exit_code = "unreachable", EXIT_ERROR
+        replica.exit_code = error_exit(exc)
+        replica.outcome = (
+            "unauthorized" if replica.exit_code == EXIT_UNAUTHORIZED else "unreachable"
+        )
         replica.detail = str(exc)
     return replica.exit_code
 

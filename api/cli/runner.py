@@ -12,10 +12,10 @@ from sglang_supervisor_api.cli.client import Client
 from sglang_supervisor_api.cli.client_errors import Busy, ClientError, Invalid
 from sglang_supervisor_api.cli.exits import (
     EXIT_BUSY,
-    EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_INVALID,
     UsageError,
+    error_exit,
 )
 from sglang_supervisor_api.cli.options import client_from_args
 from sglang_supervisor_api.cli.output import err, err_detail, print_json
@@ -44,7 +44,7 @@ def run_client_command(args: argparse.Namespace, func: ClientCommand) -> int:
         return EXIT_INVALID
     except ClientError as exc:
         err(str(exc))
-        return EXIT_ERROR
+        return error_exit(exc)
     except KeyboardInterrupt:
         err_detail("")
         return EXIT_INTERRUPTED

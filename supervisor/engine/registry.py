@@ -15,6 +15,7 @@ from sglang_supervisor.engine.boundaries import Cancelled
 from sglang_supervisor.engine.errors import Busy
 from sglang_supervisor.engine.journal import Journal
 from sglang_supervisor.observe.events import EventBus
+from sglang_supervisor.observe.oplog import bind_operation
 from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation
 from sglang_supervisor.phases import OpKind, OpState
 from sglang_supervisor.sglang.levers import LeverSet
@@ -91,6 +92,7 @@ class OperationRegistry:
         """Run ``op`` as a task; however it ends, it ends finished, counted and recorded."""
 
         async def runner() -> None:
+            bind_operation(op)  # this task's log lines are op's (its own context)
             try:
                 await coro
             except Cancelled as exc:  # a shutdown, or a cancel with nothing to roll back

@@ -80,12 +80,15 @@ def after_schema(
 ) -> SglangInfo:
     """What start-up knows once it has read the flag schema from server.python."""
     if not live:
+        # The schema loader's warning already says the bundled schema is used (one owner:
+        # sglang.parser.load_schema); saying it again doubled the clause on the page.
         return SglangInfo(
             None,
             None,
             DEGRADED,
-            (warning or "server.python has no usable SGLang")
-            + f"; levers are checked against the bundled schema of SGLang {BUNDLED_VERSION} only",
+            warning
+            or "server.python has no usable SGLang; levers are checked against the bundled "
+            f"schema of SGLang {BUNDLED_VERSION} only",
         )
     if not gpus_known:
         return SglangInfo(

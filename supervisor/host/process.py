@@ -1,6 +1,6 @@
 """Spawning the server's process tree, finding every member, and killing it for certain.
 
-Members of a launch are the union of (DESIGN.md "Teardown"):
+Members of a launch are the union of (docs/design.md "Teardown"):
 
 * its process group and session (the launcher is spawned as a session leader);
 * psutil descendants of the launcher, snapshotted *before* the first signal;

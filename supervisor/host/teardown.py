@@ -15,7 +15,7 @@ dies): a SIGTERM kills them at once, the launcher's ``SubprocessWatchdog``
 launcher, whose handler kills the whole tree (``tokenizer_manager.py:4072-4082``). So a
 SIGTERM sent to the group, or to every member at once, cuts every request in flight.
 
-Hence the staged stop (DESIGN.md "Teardown"; membership rules unchanged):
+Hence the staged stop (docs/design.md "Teardown"; membership rules unchanged):
 
 1. SIGTERM to the launcher alone;
 2. wait up to ``grace_s`` for it to exit (it drains and ends its own workers); a forced
@@ -44,7 +44,7 @@ from sglang_supervisor.host.process import Launch, _alive, _killpg, _signal, fin
 
 #: Longest wait after SIGTERM to the members left once the launcher's own stop is over:
 #: a rank that honours SIGTERM exits in well under a second (pinned host memory aside,
-#: which a SIGKILL frees no faster: DESIGN.md "Teardown").
+#: which a SIGKILL frees no faster: docs/design.md "Teardown").
 MEMBER_TERM_S = 5.0
 
 #: Which stage ended the teardown.

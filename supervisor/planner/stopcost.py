@@ -1,8 +1,9 @@
 """What a stop (and a start) costs with a pinned host cache, and the service's budget.
 
 Exiting with pinned host memory costs ≈0.2 s per pinned GiB, with SIGTERM or SIGKILL
-alike (measured on an H200 host: 48 GiB → 9.5–10 s; /work/shared/DESIGN.md, the unit's
-comments in systemd/sglang-supervisor.service). The daemon's own teardown deadline is
+alike (measured on an H200 host: docs/design.md "What a stop costs, measured",
+tests/benchmarks/results/gpu_release_h200.md; the unit's comments in
+systemd/sglang-supervisor.service). The daemon's own teardown deadline is
 ``stop_grace_s + kill_timeout_s + release_timeout_s + release_s_per_pinned_gib × GiB``
 (``sglang_supervisor.engine.release.teardown_budget``), and the unit's ``TimeoutStopSec`` must
 cover it, or systemd SIGKILLs the daemon in the middle of verifying the release
@@ -17,7 +18,7 @@ from typing import Any
 
 from sglang_supervisor.units import GiB
 
-#: Measured exit cost per pinned GiB (H200 host, DESIGN.md).
+#: Measured exit cost per pinned GiB (H200 host, docs/design.md).
 MEASURED_S_PER_PINNED_GIB = 0.2
 
 

@@ -1,5 +1,5 @@
 """The simulated server on several nodes (``--nnodes N --node-rank i --dist-init-addr
-host:port``), shaped like SGLang 0.5.23 there (DESIGN.md "Servers that span several
+host:port``), shaped like SGLang 0.5.23 there (docs/design.md "Servers that span several
 hosts"):
 
 * every node runs its share of the ranks, ``tp × pp / nnodes``, on its own visible GPUs

@@ -1,5 +1,5 @@
-"""Servers that span several hosts, with Slurm as the engine (DESIGN.md "Servers that span
-several hosts: Slurm is the engine").
+"""Servers that span several hosts, with Slurm as the engine (docs/design.md "Servers that
+span several hosts").
 
 The daemon runs inside a Slurm allocation and owns the server as ONE job step, one task
 per node; we write no coordinator of our own. Modules:
@@ -15,8 +15,8 @@ per node; we write no coordinator of our own. Modules:
 * ``probe`` — a ``GpuProbe`` merging every node's answer (GPUs numbered node by node);
 * ``launcher`` — the ``ProcessOps`` that launches, finds and tears down the step.
 
-A launcher beside ``host``'s local one (DESIGN.md puts launchers in ``host/``; this one is
-a package of its own: a launcher, a per-node probe and its settings and rule together).
+A launcher beside ``host``'s local one (launchers belong in ``host/``; this one is a
+package of its own: a launcher, a per-node probe and its settings and rule together).
 May import: the shared vocabulary (top level), ``host``, ``sim`` (a node's simulated
 GPUs, for the simulated backend). ``config`` imports its
 ``settings`` (the ``[slurm]`` table); ``engine`` its node rule; ``runtime`` its launcher.

@@ -7,7 +7,7 @@ adds its ``--node-rank`` and execs the server. The handle is that local ``srun``
 ``process.Launch``): it exits when the step ends, and the step ends when any task dies
 (``--kill-on-bad-exit``), so a rank dying on any node is seen here as the launcher's exit.
 
-``teardown``, leader first (DESIGN.md: SGLang's nodes >= 1 ignore SIGTERM; rank 0 drains and
+``teardown``, leader first (docs/design.md: SGLang's nodes >= 1 ignore SIGTERM; rank 0 drains and
 broadcasts the shutdown): SIGTERM to node 0's task alone (through the per-node probe; a
 ``scancel -s TERM`` would signal every process of every task, cutting requests), up to
 ``grace_s`` for the step to end; then ``scancel -s KILL <job>.<step>`` (Slurm kills every

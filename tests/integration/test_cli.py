@@ -278,9 +278,9 @@ def test_token_from_option_file_or_environment(
     d.client.headers["Authorization"] = f"Bearer {TOKEN}"
     d.start()
     r = cli(d, "status")
-    assert r.returncode == 1
+    assert r.returncode == 6  # the token: its own exit code (issue 27 §8)
     assert "wants a token" in r.stderr and "Traceback" not in r.stderr
-    assert cli(d, "status", "--token", "wrong").returncode == 1
+    assert cli(d, "status", "--token", "wrong").returncode == 6
     assert cli(d, "status", "--token", TOKEN).returncode == 0
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
@@ -295,7 +295,7 @@ def test_logs_and_events_follow_until_ctrl_c(daemon: Daemon) -> None:
     assert r.returncode == 0
     assert 0 < len(r.stdout.splitlines()) <= 5
     r = cli(daemon, "logs", "--launch", "99")
-    assert r.returncode == 1 and "no log of launch 99" in r.stderr
+    assert r.returncode == 7 and "no log of launch 99" in r.stderr  # not found
 
     logs = Running(daemon, "logs", "-f", "-n", "1")
     # --replay: the restart below shows even if it comes before the stream is open.

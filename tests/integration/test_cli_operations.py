@@ -67,7 +67,7 @@ def test_list_show_and_follow(daemon: Daemon) -> None:
     assert re.search(rf"^\s+start\s+failed\s+{re.escape(at)}\s", text, re.M), text
 
     missing = cli(d, "operations", "show", "nosuchop")
-    assert missing.returncode == 1
+    assert missing.returncode == 7  # not found
     assert "no operation 'nosuchop'" in missing.stderr
     usage = cli(d, "operations", "show")
     assert usage.returncode == 2 and "needs the operation's id" in usage.stderr

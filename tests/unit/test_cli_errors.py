@@ -33,6 +33,7 @@ class StandIn:
         self.status = 200
         self.body: Any = {}
         self.requests: list[str] = []
+        self.authorization: list[str | None] = []
 
 
 @pytest.fixture
@@ -44,6 +45,7 @@ def daemon() -> Iterator[tuple[str, StandIn]]:
             length = int(self.headers.get("content-length") or 0)
             self.rfile.read(length)
             answer.requests.append(f"{self.command} {self.path}")
+            answer.authorization.append(self.headers.get("authorization"))
             status, body = answer.status, answer.body
             if self.path.startswith("/operations/op42"):
                 status, body = 200, {"operation": RUNNING_OP}
@@ -77,14 +79,18 @@ def run(*argv: str) -> tuple[int, str]:
 
 
 def same_message(text: str) -> str:
-    return text.replace("GET /status", "REQUEST").replace("POST /plan", "REQUEST")
+    for said in ("GET /status", "POST /plan", "/status", "/plan"):
+        text = text.replace(said, "REQUEST")
+    return text
 
 
 @pytest.mark.parametrize(
     ("status", "body", "code", "says"),
     [
-        (401, {"detail": {"message": "a bearer token is required"}}, 1, "wants a token"),
-        (403, {"detail": "Forbidden"}, 1, "wants a token"),
+        (401, {"detail": {"message": "a bearer token is required"}}, 6, "wants a token"),
+        (403, {"detail": "Forbidden"}, 6, "wants a token"),
+        (404, {"detail": {"message": "no operation 'op9'"}}, 7, "no operation 'op9'"),
+        (404, {"detail": "Not Found"}, 1, "(an older version?)"),
         (500, {"detail": "boom"}, 1, "the daemon failed (500): boom"),
         (
             409,
@@ -151,3 +157,26 @@ def test_an_operation_id_is_never_another_path(
     code, err = run(*argv, "--url", url)
     assert code == 2 and "is not an operation id" in err, err
     assert not [r for r in answer.requests if "/stop" in r or "/levers" in r], answer.requests
+
+
+def test_the_shared_options_also_go_before_the_command(daemon: tuple[str, StandIn]) -> None:
+    """``sglang-supervisor --url URL status`` was "unrecognized arguments" (issue 27 §8).
+    Before the command they mean what they mean after it; after it wins; one the command
+    does not take is refused (exit 2), not dropped."""
+    url, answer = daemon
+    answer.status, answer.body = 401, {"detail": {"message": "a bearer token is required"}}
+    code, err = run("--url", url, "--token", "t0k", "status")
+    assert code == 6 and "refused the token" in err, err
+    assert answer.requests == ["GET /status"] and answer.authorization == ["Bearer t0k"]
+
+    code, err = run("--url", "http://127.0.0.1:9", "--token", "a", "levers", "--url", url)
+    assert code == 6, err  # the --url after the command was asked, not port 9
+    assert answer.requests[-1] == "GET /levers" and answer.authorization[-1] == "Bearer a"
+
+    asked = len(answer.requests)
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said), pytest.raises(SystemExit) as refused:
+        main(["--url", url, "rollout", "--daemon", url, "--set", "tp_size=2"])
+    assert refused.value.code == 2  # argparse's usage error
+    assert "--url is not an option of `sglang-supervisor rollout`" in said.getvalue()
+    assert len(answer.requests) == asked  # refused before anything was sent

@@ -3,6 +3,7 @@ line per operation end at the level its outcome deserves."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_supervisor.observe.oplog import log_operation_end
+from sglang_supervisor.observe.oplog import bind_operation, log_operation_end
 from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
 from sglang_supervisor_api.logsetup import setup_logging
 
@@ -53,6 +54,40 @@ def test_json_lines_carry_the_operations_outcome_and_level() -> None:
     assert "GPU 3 not released" in lines[1]["message"]
     assert lines[3]["logger"] == "uvicorn.error" and lines[3]["message"] == "Uvicorn running"
     assert "color_message" not in lines[3]
+
+
+def test_json_lines_say_which_operation_phase_and_state_they_were_logged_in() -> None:
+    """The operation bound to a task marks its lines, and those of the worker threads it
+    starts (asyncio.to_thread copies the context); lines elsewhere carry no operation."""
+    out = io.StringIO()
+    setup_logging("info", "json", stream=out)
+    op = Operation(kind="restart")  # type: ignore[arg-type]
+
+    async def operation() -> None:
+        bind_operation(op)
+        op.phase("release")
+        logging.getLogger("supervisor").info("in the task")
+        await asyncio.to_thread(logging.getLogger("supervisor").info, "in its thread")
+
+    async def beside() -> None:
+        await asyncio.sleep(0)
+        logging.getLogger("supervisor").info("beside it")
+
+    async def both() -> None:
+        await asyncio.gather(operation(), beside())
+
+    asyncio.run(both())
+    logging.getLogger("supervisor").info("after it")
+    lines = {x["message"]: x for x in map(json.loads, out.getvalue().splitlines())}
+    for message in ("in the task", "in its thread"):
+        line = lines[message]
+        assert (line["operation_id"], line["kind"], line["phase"], line["state"]) == (
+            op.id,
+            "restart",
+            "release",
+            "running",
+        )
+    assert "operation_id" not in lines["beside it"] and "operation_id" not in lines["after it"]
 
 
 def test_journald_priorities_only_on_the_journal_stream(

@@ -5,12 +5,14 @@
   old name would pick up PyPI's Supervisord or any package called ``api``;
 - the core never imports the API layer;
 - no module is over 400 lines;
-- docs/architecture.md names every module, and pyproject.toml lists every package.
+- docs/architecture.md names every module, every module, path and name it cites exists,
+  and pyproject.toml lists every package.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -162,3 +164,80 @@ def test_every_package_says_what_it_holds() -> None:
     for p in [*CORE.rglob("__init__.py"), *API.rglob("__init__.py")]:
         doc = ast.get_docstring(ast.parse(p.read_text()))
         assert doc, f"{p.relative_to(ROOT)}: say what the package holds"
+
+
+#: Paths docs/architecture.md cites in SGLang's own tree (not this repository's).
+SGLANG_PATHS = {"arg_groups/memory_hook.py", "sglang/srt/"}
+
+
+def _code_names() -> tuple[set[str], set[str]]:
+    """Every name the code defines or uses (functions, classes, variables, attributes,
+    arguments, imports, modules), and every string constant in it."""
+    names: set[str] = set()
+    strings: set[str] = set()
+    for prefix, base in (("sglang_supervisor", CORE), ("sglang_supervisor_api", API)):
+        for dotted, path in modules(base, prefix).items():
+            parts = dotted.split(".")
+            names.update(".".join(parts[i:]) for i in range(len(parts)))  # engine.release
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(node.name)
+                elif isinstance(node, ast.Name):
+                    names.add(node.id)
+                elif isinstance(node, ast.Attribute):
+                    names.add(node.attr)
+                elif isinstance(node, (ast.arg, ast.keyword)) and node.arg:
+                    names.add(node.arg)
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    strings.add(node.value)
+    # The alerts it names live in the shipped rules.
+    rules = (ROOT / "deploy/prometheus/alerts.yml").read_text()
+    names.update(re.findall(r"alert:\s*(\w+)", rules))
+    return names, strings
+
+
+def test_everything_the_architecture_doc_cites_exists() -> None:
+    """Every `code` span of docs/architecture.md that is a path (``x.py``, ``dir/``) names a
+    file or directory of the tree, and every one that is a Python name (``stop_and_release``,
+    ``Parts``, ``engine.release``, ``release_timeout(...)``) is defined or used in the code
+    (issue 27 §8: the page is the map a change starts from; a renamed function left it
+    pointing nowhere)."""
+    doc = (ROOT / "docs/architecture.md").read_text()
+    cited = {span.strip("`") for span in re.findall(r"`([^`\n]+)`", doc)}
+    files = [p.relative_to(ROOT).as_posix() for d in (CORE, API) for p in d.rglob("*")]
+    names, strings = _code_names()
+    missing = []
+    for span in sorted(cited):
+        if re.fullmatch(r"[\w.-]+(/[\w.-]+)*(\.py|/)", span):
+            rel = span.rstrip("/")
+            found = (ROOT / rel).exists() or any(f == rel or f.endswith("/" + rel) for f in files)
+            if not found and span not in SGLANG_PATHS:
+                missing.append(f"path {span}")
+        elif m := re.fullmatch(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(\(.*\))?", span):
+            name = m.group(1)
+            if name.rsplit(".", 1)[-1] in ("py", "json", "toml", "md", "log", "jsonl"):
+                continue  # a file name (state.json)
+            last = name.rsplit(".", 1)[-1]
+            known = name in names or last in names or name in strings
+            if not known and not any(s.endswith("_" + name) for s in strings):
+                missing.append(f"name {span}")
+    assert not missing, "docs/architecture.md cites what the code lacks: " + ", ".join(missing)
+
+
+def test_the_repository_cites_nothing_outside_it() -> None:
+    """Docs, code and results cited a DESIGN.md that is not in the repository (issue 27
+    §8): the design the code follows is docs/design.md."""
+    outside = re.compile(r"DESIGN\.md|/work/shared|\.\./shared")
+    tops = ["README.md", "docs", "supervisor", "api", "tests", "scripts", "deploy", "systemd"]
+    bad = []
+    for top in tops:
+        paths = [ROOT / top] if (ROOT / top).is_file() else sorted((ROOT / top).rglob("*"))
+        for path in paths:
+            if path.suffix not in (".py", ".md", ".toml", ".sh", ".yml", ".yaml", ".service"):
+                continue
+            if path == Path(__file__) or "__pycache__" in path.parts:
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if outside.search(line):
+                    bad.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:80]}")
+    assert not bad, "\n".join(bad)

@@ -1,6 +1,6 @@
 """The plan knows what a stop costs: with 2,048 GiB of host RAM it proposed pinning
 1,833 GiB for the hierarchical cache, and at the measured ≈0.2 s per pinned GiB
-(DESIGN.md; systemd/sglang-supervisor.service) a stop then takes ~6 min, past the unit's
+(docs/design.md; systemd/sglang-supervisor.service) a stop then takes ~6 min, past the unit's
 TimeoutStopSec=360. The plan keeps the daemon's teardown deadline (stop_grace_s +
 kill_timeout_s + release_timeout_s + release_s_per_pinned_gib × GiB) within
 [timeouts] stop_budget_s and states the stop and start time of its proposal."""

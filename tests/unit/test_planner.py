@@ -1,7 +1,7 @@
 """The planner's math against hand-computed values, and its proposal's guarantees.
 
 The configs are public ``config.json`` values; the expected bytes per token are computed
-by hand from the formulas in DESIGN.md ("Planner"), not by the code under test.
+by hand from the formulas in docs/planner.md, not by the code under test.
 """
 
 from __future__ import annotations
