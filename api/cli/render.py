@@ -278,6 +278,8 @@ def render_schema(data: Json, word: str | None) -> str:
         if f.get("deprecated"):
             line += "  (deprecated)"
         out.append(line)
+        if f.get("live_via"):
+            out.append(f"    changed live (no restart): {f['live_via']}")
         choices = choices_text(f.get("choices"), width=width - 13)
         if choices:
             out.append(f"    choices: {choices}")
