@@ -12,7 +12,7 @@ history and its diagnosis, the config's levers as the desired state.)
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_supervisor.config import Settings
@@ -24,6 +24,7 @@ from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.observe.health import HealthChecker
 from sglang_supervisor.observe.history import LoadHistory
 from sglang_supervisor.planner.diagnosis import Diagnoser
+from sglang_supervisor.sglang.control import ServerControl
 from sglang_supervisor.sglang.parser import LoadedSchema
 from sglang_supervisor.sglang.router import WorkerLink
 from sglang_supervisor.sglang.schema import FlagSchema
@@ -93,6 +94,8 @@ class Parts:
     desired: DesiredLevers
     #: Reads the live schema at start-up (None: keep the bundled one).
     schema_loader: SchemaLoader | None = None
+    #: SGLang's runtime endpoints: what changes the running server without a restart.
+    control: ServerControl = field(default_factory=ServerControl)
 
     @property
     def probe(self) -> GpuProbe:
