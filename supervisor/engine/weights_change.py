@@ -63,7 +63,7 @@ async def apply_weights(
     await parts.journal.begin_apply(op.id, new, path="weights")
     exiting = False
     try:
-        if not await drain_or_cancel(parts, record, stop, op, drain_s):
+        if not await drain_or_cancel(parts, record, stop, op, drain_s, new):
             return
         live = LiveServer(parts, handle, old)
         try:

@@ -201,6 +201,11 @@ def test_when_the_old_weights_cannot_be_loaded_back_the_last_good_levers_restart
     env = {"SGLANG_SIM_FAULTS": "update_weights_fail=2"}
     first = d.apply({}, env=env).json()["operation"]
     assert first["state"] == "succeeded" and first["path"] == "restart", first
+    # Before the stop, while the old server served: its weight files into the page cache.
+    names = _names(first)
+    assert names.index("warmup") < names.index("stop"), names
+    warm = next(p for p in first["phases"] if p["name"] == "warmup")["detail"]
+    assert "of 2 weight files read into the page cache" in warm, warm
     pid = _pid(d)
     op = _apply(d, {"model_path": ctx["b"]})
     assert op["state"] == "rolled_back", op
