@@ -20,6 +20,7 @@ from sglang_supervisor.engine.desired import DesiredLevers
 from sglang_supervisor.engine.journal import Journal
 from sglang_supervisor.host.backend import Backend, ProcessOps
 from sglang_supervisor.host.gpu import GpuProbe
+from sglang_supervisor.observe.cachedir import CacheDirUsage
 from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.observe.health import HealthChecker
 from sglang_supervisor.observe.history import LoadHistory
@@ -96,6 +97,8 @@ class Parts:
     schema_loader: SchemaLoader | None = None
     #: SGLang's runtime endpoints: what changes the running server without a restart.
     control: ServerControl = field(default_factory=ServerControl)
+    #: The server's SGLANG_CACHE_DIR and its size, as last measured (for /status).
+    cache_usage: CacheDirUsage = field(default_factory=CacheDirUsage)
 
     @property
     def probe(self) -> GpuProbe:

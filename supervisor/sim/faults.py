@@ -49,7 +49,12 @@ def parse_faults(text: str) -> Faults:
         elif name in _TIMED and has_value:
             seconds = envlist.number(value)
             if not math.isfinite(seconds) or seconds < 0:
-                raise ValueError(f"{FAULTS_ENV}: {item!r} needs a number >= 0 ({name}=N)")
+                what, unit = (
+                    ("a count", "N")
+                    if name == "update_weights_fail"
+                    else ("a number of seconds", "S")
+                )
+                raise ValueError(f"{FAULTS_ENV}: {item!r} needs {what} >= 0 ({name}={unit})")
             timed[name] = seconds
         else:
             known = ", ".join([*_SWITCHES, *(f"{t}=S" for t in _TIMED)])

@@ -36,6 +36,7 @@ from sglang_supervisor.sim import capacity, info, metrics
 from sglang_supervisor.sim.children import Children, ServerFailure, signal_name
 from sglang_supervisor.sim.flags import ServerConfig, SimEnv, log
 from sglang_supervisor.sim.http import HttpServer
+from sglang_supervisor.sim.kernel_cache import compile_kernels
 from sglang_supervisor.sim.load import LOAD_ENV, Engine
 from sglang_supervisor.sim.runtime import Runtime
 from sglang_supervisor.sim.start_checks import check_gpus, check_start_faults
@@ -215,6 +216,7 @@ class Launcher:
         if self._wait(time.monotonic() + self.env.startup_s):
             return
         check_start_faults(self)
+        log(compile_kernels(self.cfg, os.environ), "TP0")
         avail = (self.env.memory_bytes - self.weight_bytes) / 2**30
         log(
             f"Load weight end. type={self.model.architecture}, dtype=torch.bfloat16, "
