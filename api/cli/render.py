@@ -185,7 +185,7 @@ def render_status(s: Json) -> str:
         held = "not measured yet" if size is None else f"{gib(size)}, {cache.get('files')} files"
         if size is not None and cache.get("complete") is False:
             held = "at least " + held
-        head.append(("sglang cache", f"{cache['path']} ({cache.get('error') or held})"))
+        head.append(("jit cache", f"{cache['path']} ({cache.get('error') or held})"))
     lines.append(table(head))
 
     rows = lever_rows(s.get("levers") or {}, s.get("env") or {}, s.get("last_good_levers"))
