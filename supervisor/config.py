@@ -108,10 +108,6 @@ class ServerSettings(_Section):
     #: Also forward every line of the server's log into the daemon's own log (the
     #: journal under systemd), as logger ``sglang``: bounded, redacted (observe/logforward).
     log_to_journal: bool = False
-    #: Before an apply stops the server (or loads new weights into it), read the new
-    #: set's weight files into the page cache while the old server serves (bounded by the
-    #: RAM left after the hierarchical cache's needs and a margin; engine/warmup.py).
-    warm_page_cache: bool = True
     #: The server's SGLANG_CACHE_DIR (its compiled kernels: Triton, TorchInductor, CUDA,
     #: TileLang, FlashInfer, DeepGEMM), kept across restarts; unless the environment sets
     #: one. Default ``<state_dir>/sglang-cache``.
@@ -154,7 +150,9 @@ class TimeoutSettings(_Section):
     crash_loop_window_s: float = Field(600.0, gt=0)
     #: Upper bound on an optional drain (POST /levers drain_timeout_s).
     max_drain_s: float = Field(3600.0, ge=0)
-    #: How long the page-cache warm-up before a stop may read ([server] warm_page_cache).
+    #: Before an apply stops the server (or loads new weights into it), its new weight
+    #: files are read into the page cache for at most this long (engine/warmup.py); 0
+    #: turns the warm-up off. A SIGHUP reloads it, as every timeout.
     warmup_timeout_s: float = Field(600.0, ge=0)
     #: How long a kind of load must hold before /status's ``diagnosis`` reports it (the
     #: SglangKvCacheExhausted alert's ``for: 3m``; supervisor/planner/diagnosis.py).

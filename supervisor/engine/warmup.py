@@ -71,8 +71,8 @@ async def warm_page_cache(
 ) -> None:
     """Read ``levers``' weight files into the page cache (the ``warmup`` phase). Raises
     ``Cancelled`` on an operator's cancel or a shutdown (the reading stops first)."""
-    if not parts.settings.server.warm_page_cache:
-        return
+    if parts.settings.timeouts.warmup_timeout_s <= 0:
+        return  # turned off
     files = await asyncio.to_thread(weight_files_of, parts, record, levers)
     if not files:
         return
