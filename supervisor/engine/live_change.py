@@ -122,8 +122,14 @@ async def put_back(
 ) -> None:
     """Put the old values back live, newest first (``rollback_live``); failing that, the
     last-good levers are restarted."""
-    ph = op.phase(prefixed(PhasePrefix.ROLLBACK, PhaseName.LIVE))
     pid = live.handle.pid
+    if not done:  # refused before anything changed
+        await back_in_service(parts, record, op, quiet=record.state == S.DRAINING)
+        op.rollback_reason = reason
+        op.levers_effective = record.levers.to_json()
+        op.finish(ROLLED_BACK, f"{reason}; nothing was changed (pid {pid} serves on)")
+        return
+    ph = op.phase(prefixed(PhasePrefix.ROLLBACK, PhaseName.LIVE))
     try:
         for step in reversed(done):
             old = before[step.mechanism]

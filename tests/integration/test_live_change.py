@@ -125,6 +125,18 @@ def test_a_refused_live_change_puts_the_old_values_back_live(ctx: dict[str, Any]
     wait_until(lambda: "still logged" in _log(d), 10, 0.05, "request logging back on")
 
 
+def test_sglangs_refusal_is_quoted_and_changes_nothing(ctx: dict[str, Any]) -> None:
+    """/set_internal_state answers only [false]: the reason comes from SGLang's log."""
+    d: Daemon = ctx["d"]
+    pid = _pid(d)
+    op = _apply(d, {"pp_max_micro_batch_size": 100000})
+    assert op["state"] == "rolled_back", op
+    said = "Updating pp_max_micro_batch_size to 100000 is rejected because it is out of the"
+    assert said in op["error"] and "valid range [1, " in op["error"], op["error"]
+    assert f"nothing was changed (pid {pid} serves on)" in op["error"]
+    assert _pid(d) == pid and d.status()["levers"]["pp_max_micro_batch_size"] == 16
+
+
 def test_a_storage_backend_attaches_live(ctx: dict[str, Any]) -> None:
     d: Daemon = ctx["d"]
     pid = _pid(d)
