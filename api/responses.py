@@ -95,6 +95,13 @@ class OperationModel(_Open):
         default_factory=list,
         description="checks of the validate phase that did not run here, each with why",
     )
+    path: str | None = Field(
+        None,
+        description="an apply's way to the server: live (levers SGLang changes on the "
+        "running server), weights (new weights loaded into it) or restart; null for other "
+        "operations and a change of nothing",
+    )
+    path_reason: str | None = Field(None, description="why that path")
 
 
 class OperationEnvelope(BaseModel):
@@ -256,6 +263,13 @@ class StatusAnswer(_Open):
         None,
         description="while a new server of an apply is on probation: until (ISO time), "
         "probes_ok, pid; null otherwise (/readyz answers 503 meanwhile)",
+    )
+    sglang_cache: dict[str, Any] | None = Field(
+        None,
+        description="the server's SGLANG_CACHE_DIR (what launches compile and the next "
+        "reuses): path, bytes and files as last measured (once a minute, off the event "
+        "loop; null before the first), complete (false: the walk stopped early, a lower "
+        "bound), measured_at, error",
     )
 
 

@@ -23,6 +23,7 @@ from sglang_supervisor.operations import Operation
 from sglang_supervisor.redact import REDACTED, redact
 from sglang_supervisor.sglang.drift import hides_value
 from sglang_supervisor.sglang.levers import LeverError
+from sglang_supervisor.sglang.live import LiveSet
 from sglang_supervisor.states import ServerState
 from sglang_supervisor.version import version
 from sglang_supervisor_api.audit import audit
@@ -139,12 +140,15 @@ async def levers_schema(
     """The installed SGLang's flags (or the bundled schema, see ``source``)."""
     view = sup.view()
     flags = view.schema.search(q)
+    changed_live = LiveSet.of(view.schema)
     return {
         "sglang_version": view.schema.sglang_version,
         "source": view.schema.source,
         "live": view.schema_live,
+        # Which flags SGLang changes on a running server (no restart), and how.
+        "live_levers": changed_live.to_json(),
         "count": len(flags),
-        "flags": [f.to_json() for f in flags],
+        "flags": [{**f.to_json(), "live_via": changed_live.via(f.dest)} for f in flags],
     }
 
 

@@ -108,6 +108,10 @@ class ServerSettings(_Section):
     #: Also forward every line of the server's log into the daemon's own log (the
     #: journal under systemd), as logger ``sglang``: bounded, redacted (observe/logforward).
     log_to_journal: bool = False
+    #: The server's SGLANG_CACHE_DIR (its compiled kernels: Triton, TorchInductor, CUDA,
+    #: TileLang, FlashInfer, DeepGEMM), kept across restarts; unless the environment sets
+    #: one. Default ``<state_dir>/sglang-cache``.
+    sglang_cache_dir: str | None = None
 
 
 class TimeoutSettings(_Section):
@@ -146,6 +150,10 @@ class TimeoutSettings(_Section):
     crash_loop_window_s: float = Field(600.0, gt=0)
     #: Upper bound on an optional drain (POST /levers drain_timeout_s).
     max_drain_s: float = Field(3600.0, ge=0)
+    #: Before an apply stops the server (or loads new weights into it), its new weight
+    #: files are read into the page cache for at most this long (engine/warmup.py); 0
+    #: turns the warm-up off. A SIGHUP reloads it, as every timeout.
+    warmup_timeout_s: float = Field(600.0, ge=0)
     #: How long a kind of load must hold before /status's ``diagnosis`` reports it (the
     #: SglangKvCacheExhausted alert's ``for: 3m``; supervisor/planner/diagnosis.py).
     diagnosis_hold_s: float = Field(180.0, ge=0)

@@ -82,6 +82,10 @@ class Operation:
     resolved: dict[str, Any] = field(default_factory=dict)
     #: Checks of the validate phase that did not run here: ``{"check", "reason"}`` each.
     not_run: list[dict[str, str]] = field(default_factory=list)
+    #: An apply's way to the server: "live", "weights" or "restart" (None: not chosen,
+    #: or nothing to change), and why (``sglang_supervisor.sglang.live``).
+    path: str | None = None
+    path_reason: str | None = None
     #: Set once the supervisor has counted and announced the operation's end.
     reported: bool = field(default=False, repr=False)
     created_at: str = field(default_factory=wall_iso)
@@ -151,4 +155,6 @@ class Operation:
             "levers_effective": self.levers_effective,
             "levers_before": self.levers_before,
             "not_cancellable": self.not_cancellable,
+            "path": self.path,
+            "path_reason": self.path_reason,
         }

@@ -49,6 +49,14 @@ class PhaseName(enum.StrEnum):
     ROUTER_REMOVE = "router_remove"
     #: ...and the new one added, listed healthy by the router, before the commit.
     ROUTER_ADD = "router_add"
+    #: Before the stop: the new set's weight files read into the page cache.
+    WARMUP = "warmup"
+    #: Levers SGLang changes on the running server, changed there...
+    LIVE = "live"
+    #: ...new weights loaded into the running server (/update_weights_from_disk)...
+    WEIGHTS = "weights"
+    #: ...and read back from it before the commit.
+    VERIFY = "verify"
 
 
 class PhasePrefix(enum.StrEnum):
@@ -73,6 +81,10 @@ TIMED_PHASES: tuple[PhaseName, ...] = (
     PhaseName.BACKOFF,
     PhaseName.ROUTER_REMOVE,
     PhaseName.ROUTER_ADD,
+    PhaseName.WARMUP,
+    PhaseName.LIVE,
+    PhaseName.WEIGHTS,
+    PhaseName.VERIFY,
 )
 
 

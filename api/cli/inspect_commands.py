@@ -36,13 +36,21 @@ def cmd_levers(args: argparse.Namespace, client: Client) -> int:
 
 
 def cmd_schema(args: argparse.Namespace, client: Client) -> int:
-    """List the installed SGLang's flags (those mentioning WORD): dest, option, type,
-    default, choices and help. Exit 1 when no flag matches."""
+    """List the installed SGLang's flags (those mentioning WORD; with --live only those
+    SGLang changes on a running server): dest, option, type, default, choices, help and
+    how a running server takes it. Exit 1 when no flag matches."""
     data = client.schema(args.word)
+    if getattr(args, "live", False):  # only the flags SGLang changes on a running server
+        live = [f for f in data.get("flags") or [] if isinstance(f, dict) and f.get("live_via")]
+        data = {**data, "flags": live, "count": len(live)}
     if args.json:
         print_json(data)
     elif not data.get("flags"):
-        err(f"no SGLang flag mentions {args.word!r}")
+        if getattr(args, "live", False):
+            about = f"mentioning {args.word!r} " if args.word else ""
+            err(f"no SGLang flag {about}changes live")
+        else:
+            err(f"no SGLang flag mentions {args.word!r}")
     else:
         out(render_schema(data, args.word))
     return EXIT_OK if data.get("flags") else EXIT_ERROR

@@ -145,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _client_parser(sub, "schema", cmd_schema, "the installed SGLang's flags")
     p.add_argument("word", nargs="?", help="only flags whose name or help mention WORD")
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="only flags SGLang changes on a running server (an apply of only these: no restart)",
+    )
 
     p = _client_parser(sub, "events", cmd_events, "print the daemon's event stream")
     p.add_argument("--replay", action="store_true", help="start with the recent history")

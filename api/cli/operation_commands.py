@@ -74,6 +74,8 @@ def dry_run_or_follow(
     for phase in op.get("phases") or []:
         out(phase_line(phase, 0.0))
     out("would change: " + (", ".join(changes) if changes else "nothing"))
+    if op.get("path"):
+        out(f"path: {op['path']} ({op.get('path_reason')})")
     for item in op.get("not_run") or []:
         out(f"not checked here: {item.get('check')}: {item.get('reason')}")
     return outcome_exit(op.get("state"))
@@ -158,6 +160,9 @@ def report_outcome(client: Client, op: Json, width: int, live_log_lines: int = 0
                     line += f": pid {srv.get('pid')} serving"
                     if tokens is not None:
                         line += f", max_total_num_tokens {tokens:,}"
+        if op.get("path") in ("live", "weights"):
+            what = "changed live" if op["path"] == "live" else "new weights loaded in place"
+            line += f" ({what}: no restart)"
         out(line)
         return EXIT_OK
     tail = [str(x) for x in op.get("log_tail") or []]

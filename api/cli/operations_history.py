@@ -159,6 +159,8 @@ def render_operation(op: Json, diff: list[str] | None) -> list[str]:
     took = duration(op.get("duration_s")) if op.get("duration_s") is not None else "running"
     lines.append(f"  started  {clock(op.get('created_at'))}, took {took}")
     lines.append(f"  levers   {_diff_text(diff, op)}")
+    if op.get("path"):
+        lines.append(f"  path     {op['path']}: {op.get('path_reason')}")
     reason = op.get("rollback_reason") or op.get("error")
     if reason:
         lines.append(f"  {'reason':<8} {reason}")

@@ -179,6 +179,13 @@ def render_status(s: Json) -> str:
         restarts += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(by_reason.items())) + ")"
     head.append(("restarts", restarts))
     head.append(("throughput", _throughput(s.get("throughput"))))
+    cache = s.get("sglang_cache") or {}
+    if cache.get("path"):
+        size = cache.get("bytes")
+        held = "not measured yet" if size is None else f"{gib(size)}, {cache.get('files')} files"
+        if size is not None and cache.get("complete") is False:
+            held = "at least " + held
+        head.append(("jit cache", f"{cache['path']} ({cache.get('error') or held})"))
     lines.append(table(head))
 
     rows = lever_rows(s.get("levers") or {}, s.get("env") or {}, s.get("last_good_levers"))
@@ -278,6 +285,8 @@ def render_schema(data: Json, word: str | None) -> str:
         if f.get("deprecated"):
             line += "  (deprecated)"
         out.append(line)
+        if f.get("live_via"):
+            out.append(f"    changed live (no restart): {f['live_via']}")
         choices = choices_text(f.get("choices"), width=width - 13)
         if choices:
             out.append(f"    choices: {choices}")

@@ -101,10 +101,17 @@ class Journal:
         """GPU memory measured with nothing of ours running (written with the next save)."""
         self._state.baseline = dict(baseline)
 
-    async def begin_apply(self, op_id: str, levers: LeverSet) -> None:
-        """An apply is about to stop the server: if the daemon dies now, the next one
-        knows an apply was interrupted and starts the last-good levers."""
-        self._state.pending_operation = {"id": op_id, "kind": "apply", "levers": levers.to_json()}
+    async def begin_apply(self, op_id: str, levers: LeverSet, path: str = "restart") -> None:
+        """An apply is about to stop the server (``path`` "restart") or change it in place
+        ("live", "weights"): if the daemon dies now, the next one knows an apply was
+        interrupted and starts the last-good levers (a server changed in place is never
+        adopted then: what it serves is not known)."""
+        self._state.pending_operation = {
+            "id": op_id,
+            "kind": "apply",
+            "levers": levers.to_json(),
+            "path": path,
+        }
         await self._save_quietly()
 
     async def clear_pending(self, *, save: bool = True) -> None:
@@ -114,6 +121,12 @@ class Journal:
         self._state.pending_operation = None
         if save:
             await self._save_quietly()
+
+    def record_changed_in_place(self, levers: LeverSet) -> None:
+        """The recorded server now serves ``levers``, changed without a restart (written
+        with the commit that follows): the next daemon adopts it with them."""
+        if self._state.server is not None:
+            self._state.server.levers = levers.to_json()
 
     async def commit(self, levers: LeverSet) -> None:
         """``levers`` serve and are proven: they become current and last-good.

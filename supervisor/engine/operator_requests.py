@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_supervisor.engine import checks, transaction
+from sglang_supervisor.engine import checks, live_change, transaction, weights_change
 from sglang_supervisor.engine.errors import (
     Busy,
     NoSuchOperation,
@@ -19,6 +19,7 @@ from sglang_supervisor.engine.errors import (
     OperationFinished,
 )
 from sglang_supervisor.engine.parts import Parts
+from sglang_supervisor.engine.paths import choose_path
 from sglang_supervisor.engine.record import ReadRecord, ServerRecord
 from sglang_supervisor.engine.registry import MAX_OPERATIONS, OperationRegistry
 from sglang_supervisor.engine.stop_request import StopRequest
@@ -26,6 +27,7 @@ from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.operations import SUCCEEDED, Operation
 from sglang_supervisor.phases import OpKind
 from sglang_supervisor.sglang.levers import LeverSet, canonical_names
+from sglang_supervisor.sglang.live import ChangePath
 from sglang_supervisor.sglang.schema import FlagSchema
 
 log = logging.getLogger("supervisor")
@@ -103,7 +105,14 @@ async def submit_apply(
     op.not_run = not_run
     op.resolved = resolved
     unchanged = not force_restart and checks.serving_unchanged(record, checked)
-    if not unchanged and not without_router:
+    path = None
+    if not unchanged:
+        # Live, new weights, or a restart (LeverError: a checkpoint no load could read).
+        path = await choose_path(parts, record, checked, op, force_restart=force_restart)
+    # A change that leaves the router (a restart, a weights update, a storage backend
+    # attached while idle) needs it to take the server back; a live knob does not.
+    in_place = path is not None and path.kind == "live" and not _quiesces(path)
+    if path is not None and not in_place and not without_router:
         await checks.router_answers(parts, record)  # LeverError
     if dry_run:
         ops.keep(op)
@@ -120,16 +129,29 @@ async def submit_apply(
         op.phases[-1].detail += f"; would change {', '.join(diff) or 'nothing'}"
         if unchanged:
             op.phases[-1].detail += " (the server would not be restarted)"
+        elif path is not None:
+            op.phases[-1].detail += f"; {path.kind}: {path.reason}"
         return op
     if unchanged:
         ops.run(op, transaction.keep_serving(record, op))
         return op
     drain = min(max(0.0, drain_timeout_s), parts.settings.timeouts.max_drain_s)
-    apply = transaction.apply(
-        parts, record, stop, op, checked, drain, without_router=without_router
-    )
-    ops.run(op, apply)
+    assert path is not None
+    if path.kind == "live":
+        ops.run(op, live_change.apply_live(parts, record, stop, op, checked, path, drain))
+    elif path.kind == "weights":
+        ops.run(op, weights_change.apply_weights(parts, record, stop, op, checked, drain))
+    else:
+        apply = transaction.apply(
+            parts, record, stop, op, checked, drain, without_router=without_router
+        )
+        ops.run(op, apply)
     return op
+
+
+def _quiesces(path: ChangePath) -> bool:
+    """The live change needs no request in flight (SGLang's storage-backend attach)."""
+    return any(s.mechanism == "hicache_storage" for s in path.steps)
 
 
 def refuse_if_superseded(ops: OperationRegistry, record: ReadRecord, base: LeverSet) -> None:

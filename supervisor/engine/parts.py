@@ -12,7 +12,7 @@ history and its diagnosis, the config's levers as the desired state.)
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_supervisor.config import Settings
@@ -20,10 +20,12 @@ from sglang_supervisor.engine.desired import DesiredLevers
 from sglang_supervisor.engine.journal import Journal
 from sglang_supervisor.host.backend import Backend, ProcessOps
 from sglang_supervisor.host.gpu import GpuProbe
+from sglang_supervisor.observe.cachedir import CacheDirUsage
 from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.observe.health import HealthChecker
 from sglang_supervisor.observe.history import LoadHistory
 from sglang_supervisor.planner.diagnosis import Diagnoser
+from sglang_supervisor.sglang.control import ServerControl
 from sglang_supervisor.sglang.parser import LoadedSchema
 from sglang_supervisor.sglang.router import WorkerLink
 from sglang_supervisor.sglang.schema import FlagSchema
@@ -93,6 +95,10 @@ class Parts:
     desired: DesiredLevers
     #: Reads the live schema at start-up (None: keep the bundled one).
     schema_loader: SchemaLoader | None = None
+    #: SGLang's runtime endpoints: what changes the running server without a restart.
+    control: ServerControl = field(default_factory=ServerControl)
+    #: The server's SGLANG_CACHE_DIR and its size, as last measured (for /status).
+    cache_usage: CacheDirUsage = field(default_factory=CacheDirUsage)
 
     @property
     def probe(self) -> GpuProbe:

@@ -191,6 +191,12 @@ class ServerRecord:
             self.server, ready_at=wall_iso(), max_total_num_tokens=max_total_num_tokens
         )
 
+    def changed_in_place(self, levers: LeverSet) -> None:
+        """The server in hand serves ``levers`` now, changed without a restart (live, or
+        new weights): same launch, same pid."""
+        assert self.server is not None
+        self.server = replace(self.server, levers=levers)
+
     def server_gone(self) -> None:
         """The server was torn down (its GPUs' release is judged apart)."""
         self.server = None

@@ -14,6 +14,7 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,7 +35,12 @@ from sglang_supervisor.engine.record import ServerInfo, ServerRecord
 from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.host.backend import ServerHandle
 from sglang_supervisor.host.gpu import GpuInfo, cuda_visible_devices
-from sglang_supervisor.host.serverenv import server_environ
+from sglang_supervisor.host.serverenv import (
+    CACHE_VAR,
+    server_environ,
+    sglang_cache_dir,
+    with_cache_dir,
+)
 from sglang_supervisor.observe import serverlogs
 from sglang_supervisor.observe.telemetry import tail_lines
 from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation
@@ -70,7 +76,22 @@ def server_env(parts: Parts, managed: Sequence[GpuInfo], levers: LeverSet) -> di
     env.update(parts.backend.env)
     env.update(levers.env)
     env.update(cuda_visible_devices(list(managed))[1])
-    return env
+    # What a launch compiles is kept for the next (unless the operator's env says where).
+    return with_cache_dir(env, cache_dir(parts))
+
+
+def serving_cache_dir(parts: Parts, levers: LeverSet) -> Path:
+    """The SGLANG_CACHE_DIR a launch of ``levers`` gets (``with_cache_dir``'s choice)."""
+    given = (
+        levers.env.get(CACHE_VAR) or parts.backend.env.get(CACHE_VAR) or os.environ.get(CACHE_VAR)
+    )
+    return Path(given).expanduser() if given else cache_dir(parts)
+
+
+def cache_dir(parts: Parts) -> Path:
+    """The SGLANG_CACHE_DIR the daemon gives the server unless the environment sets one."""
+    s = parts.settings
+    return sglang_cache_dir(s.server.sglang_cache_dir, s.state_dir)
 
 
 async def launch_until_ready(

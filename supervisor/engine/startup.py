@@ -210,6 +210,17 @@ async def try_adopt(
     if handle is None:
         return False
     levers = LeverSet.from_json(recorded.levers)
+    pending = parts.journal.recorded.pending_operation or {}
+    if pending.get("path") in ("live", "weights"):
+        # Changed in place when the daemon died: which values it serves is not known.
+        log.warning(
+            "not adopting pid %s: apply %s was changing it in place (%s) when the daemon "
+            "exited; the last-good levers start instead",
+            recorded.pid,
+            pending.get("id"),
+            pending.get("path"),
+        )
+        return False
     probe = await parts.health.generate_ok(parts.url, 5.0)
     interrupted_apply = record.last_good is not None and levers != record.last_good
     if interrupted_apply and not probe.ok:

@@ -213,6 +213,7 @@ class Supervisor(SupervisorReads):
             )
         finally:
             await self.health.aclose()
+            await self.parts.control.aclose()
             await self.router.aclose()
             self.probe.close()
             # SGLang's warm resolution helpers (server.python): nothing of ours outlives

@@ -22,6 +22,7 @@ from sglang_supervisor.engine.rollback import roll_back
 from sglang_supervisor.engine.routing import drain
 from sglang_supervisor.engine.server import launch_until_ready
 from sglang_supervisor.engine.stop_request import StopRequest
+from sglang_supervisor.engine.warmup import warm_page_cache
 from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
 from sglang_supervisor.phases import OPERATOR_LAUNCHES, OpKind, PhaseName, PhasePrefix
 from sglang_supervisor.sglang.levers import LeverSet
@@ -48,7 +49,7 @@ async def apply(
     await parts.journal.begin_apply(op.id, new)
     exiting = False
     try:
-        if not await drain_or_cancel(parts, record, stop, op, drain_s):
+        if not await drain_or_cancel(parts, record, stop, op, drain_s, new):
             return
         if not await stop_and_release(parts, record, stop, op, f"apply {op.id}", S.STOPPED):
             op.finish(FAILED, f"the old server could not be released: {record.state_reason}")
@@ -87,14 +88,22 @@ async def keep_serving(record: ReadRecord, op: Operation) -> None:
 
 
 async def drain_or_cancel(
-    parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation, drain_s: float
+    parts: Parts,
+    record: ServerRecord,
+    stop: StopRequest,
+    op: Operation,
+    drain_s: float,
+    new: LeverSet | None = None,
 ) -> bool:
-    """The last steps before the stop: out of the router (with [router]), then drain
-    when asked or when the router was left. An operator's cancel up to here stops
-    nothing: the old server serves on (``rolled_back``), back in the router, and this
-    returns False."""
+    """The last steps before the stop: ``new``'s weight files into the page cache
+    while the old server serves (``engine.warmup``), out of the router (with [router]),
+    then drain when asked or when the router was left. An operator's cancel up to here
+    stops nothing: the old server serves on (``rolled_back``), back in the router, and
+    this returns False."""
     left = False
     try:
+        if new is not None and record.state == S.READY:
+            await warm_page_cache(parts, record, stop, op, new)
         if record.state == S.READY and parts.router.enabled:
             left = await routing.leave(parts, record, op)
             if left:  # still in a router that does not answer: it would never drain

@@ -20,6 +20,7 @@ from sglang_supervisor.engine.parts import Parts
 from sglang_supervisor.engine.record import ReadRecord
 from sglang_supervisor.engine.registry import OperationRegistry
 from sglang_supervisor.engine.release import members_now
+from sglang_supervisor.engine.server import serving_cache_dir
 from sglang_supervisor.host.gpu import GpuInfo, GpuQueryError
 from sglang_supervisor.observe.history import Sample
 from sglang_supervisor.observe.telemetry import Throughput
@@ -116,6 +117,8 @@ class SupervisorView:
     history: tuple[Sample, ...] = ()
     #: The config's levers, the desired state (``engine/desired.py``: drift, reconcile).
     desired: DesiredView | None = None
+    #: The server's SGLANG_CACHE_DIR and its size as last measured (observe/cachedir.py).
+    sglang_cache: Mapping[str, Any] | None = None
 
     @property
     def gpu_indices(self) -> list[int]:
@@ -160,6 +163,7 @@ class SupervisorView:
             if self.last_drain_s is None
             else {"duration_s": round(self.last_drain_s, 3), "requests_left": self.last_drain_left},
             "probation": None if self.probation is None else dict(self.probation),
+            "sglang_cache": None if self.sglang_cache is None else dict(self.sglang_cache),
             # drift (config vs serving) and levers_config: engine/desired.py
             **(
                 {}
@@ -246,6 +250,25 @@ def snapshot(parts: Parts, record: ReadRecord, ops: OperationRegistry) -> Superv
         diagnosis=parts.diagnoser.current,
         history=parts.history.samples,
         desired=parts.desired.view(),
+        sglang_cache=_cache_json(parts, record),
+    )
+
+
+def _cache_json(parts: Parts, record: ReadRecord) -> Mapping[str, Any]:
+    """Where the server's compiled kernels are kept, and their size as last measured."""
+    path = str(serving_cache_dir(parts, record.levers))
+    last = parts.cache_usage.last
+    if last is not None and last.path == path:
+        return frozen_map(last.to_json())
+    return frozen_map(
+        {
+            "path": path,
+            "bytes": None,
+            "files": None,
+            "complete": None,
+            "measured_at": None,
+            "error": None,
+        }
     )
 
 

@@ -1,4 +1,5 @@
-"""One ticker watching the serving server: its exit, its liveness, its telemetry.
+"""One ticker watching the serving server: its exit, its liveness, its telemetry (and,
+once a minute, the size of its SGLang cache directory).
 
 Every ``tick_s`` the ticker checks whether the launcher exited (a crash is noticed within
 one tick); when due it starts a liveness probe or a telemetry read as a short task and
@@ -13,13 +14,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from sglang_supervisor.engine.boundaries import exit_reason
 from sglang_supervisor.engine.parts import Parts
 from sglang_supervisor.engine.record import ReadRecord, ServerRecord
 from sglang_supervisor.engine.registry import OperationRegistry
+from sglang_supervisor.engine.server import serving_cache_dir
 from sglang_supervisor.host.backend import ServerHandle
-from sglang_supervisor.observe import serverlogs
+from sglang_supervisor.observe import cachedir, serverlogs
 from sglang_supervisor.observe.health import Probe
 from sglang_supervisor.observe.telemetry import Throughput, last_decode_line, parse_metrics
 from sglang_supervisor.states import ServerState
@@ -55,6 +58,9 @@ class Watcher:
         #: The server the probe in flight asks (a result about another one is dropped).
         self._probed: object | None = None
         self._telemetry: asyncio.Task[None] | None = None
+        self._cache: asyncio.Task[None] | None = None
+        #: The ready launch the cache was last measured for (a new one compiles).
+        self._measured_for: object | None = None
         self._next_liveness = 0.0
         self._next_telemetry = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -67,7 +73,7 @@ class Watcher:
 
     async def stop(self) -> None:
         """Stop ticking; probes in flight are cancelled (they only read)."""
-        for task in (self._task, self._liveness, self._telemetry):
+        for task in (self._task, self._liveness, self._telemetry, self._cache):
             if task is not None and not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -100,6 +106,17 @@ class Watcher:
             self.parts.history.record(load)
             self.parts.diagnoser.observe(load)
             self._telemetry = asyncio.create_task(self._read_telemetry(), name="telemetry")
+        path = serving_cache_dir(self.parts, self.record.levers)
+        usage = self.parts.cache_usage
+        launch = _launch(self.record) if self.record.state == S.READY else self._measured_for
+        if usage.due(path, now, launch) and (self._cache is None or self._cache.done()):
+            usage.started(now, launch)
+            self._measured_for = launch
+            self._cache = asyncio.create_task(self._measure_cache(path), name="cache-size")
+
+    async def _measure_cache(self, path: Path) -> None:
+        """The cache directory's size, walked off the event loop."""
+        self.parts.cache_usage.measured(await asyncio.to_thread(cachedir.measure, path))
 
     def _liveness_tick(self, now: float) -> None:
         parts, record = self.parts, self.record

@@ -114,9 +114,11 @@ def load_schema(python: str, cache_dir: Path) -> LoadedSchema:
     if cache.exists():
         try:
             data = json.loads(cache.read_text())
+            if "live" not in data:  # cached by a daemon that did not read the live set
+                raise KeyError("live")
             return LoadedSchema(FlagSchema.from_probe_output(data, source=python), True, None)
         except (OSError, ValueError, KeyError, TypeError):
-            pass  # a damaged cache is rebuilt below
+            pass  # a damaged (or older) cache is rebuilt below
     try:
         schema = read_schema(python)  # SGLang installed but broken (a missing library...)
     except ParserUnavailable as exc:

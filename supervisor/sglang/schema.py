@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -67,6 +68,9 @@ class FlagSchema:
     flags: dict[str, FlagSpec]
     #: Where the schema came from: "bundled", or the interpreter it was read from.
     source: str = "bundled"
+    #: Which flags SGLang changes on a running server, as the probe read them from its
+    #: source (``schema_probe.live_levers``; ``sglang_supervisor.sglang.live`` reads it).
+    live: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_probe_output(cls, data: dict[str, Any], source: str) -> FlagSchema:
@@ -86,13 +90,20 @@ class FlagSchema:
             old = flags.get(spec.dest)
             if old is None or (old.deprecated and not spec.deprecated):
                 flags[spec.dest] = spec
-        return cls(sglang_version=str(data["sglang_version"]), flags=flags, source=source)
+        live = data.get("live")
+        return cls(
+            sglang_version=str(data["sglang_version"]),
+            flags=flags,
+            source=source,
+            live=dict(live) if isinstance(live, dict) else {},
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
             "sglang_version": self.sglang_version,
             "source": self.source,
             "flags": [f.to_json() for f in self.flags.values()],
+            "live": dict(self.live),
         }
 
     @functools.cached_property

@@ -9,7 +9,9 @@ text of its failures, shaped like what SGLang and PyTorch print.
 * ``crash_after=S`` — S seconds after ready the launcher dies at once (``os._exit(1)``),
   leaving its ranks orphaned and holding memory;
 * ``unhealthy_after=S`` — S seconds after ready ``/health_generate`` answers 503;
-* ``detach_ranks`` — ranks and the detokenizer call ``setsid()``, escaping the group.
+* ``detach_ranks`` — ranks and the detokenizer call ``setsid()``, escaping the group;
+* ``update_weights_fail=N`` — the first N ``/update_weights_from_disk`` calls fail mid-load,
+  as SGLang's do (``sglang_supervisor.sim.runtime``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from sglang_supervisor.sim import envlist
 
 FAULTS_ENV = "SGLANG_SIM_FAULTS"
 _SWITCHES = ("crash_on_start", "hang_on_start", "ignore_sigterm", "detach_ranks")
-_TIMED = ("crash_after", "unhealthy_after")
+_TIMED = ("crash_after", "unhealthy_after", "update_weights_fail")
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class Faults:
     #: Seconds after ready; None when not requested.
     crash_after: float | None = None
     unhealthy_after: float | None = None
+    #: How many weights updates fail (None: none).
+    update_weights_fail: float | None = None
 
 
 def parse_faults(text: str) -> Faults:
@@ -45,9 +49,12 @@ def parse_faults(text: str) -> Faults:
         elif name in _TIMED and has_value:
             seconds = envlist.number(value)
             if not math.isfinite(seconds) or seconds < 0:
-                raise ValueError(
-                    f"{FAULTS_ENV}: {item!r} needs a number of seconds >= 0 ({name}=S)"
+                what, unit = (
+                    ("a count", "N")
+                    if name == "update_weights_fail"
+                    else ("a number of seconds", "S")
                 )
+                raise ValueError(f"{FAULTS_ENV}: {item!r} needs {what} >= 0 ({name}={unit})")
             timed[name] = seconds
         else:
             known = ", ".join([*_SWITCHES, *(f"{t}=S" for t in _TIMED)])
@@ -59,6 +66,7 @@ def parse_faults(text: str) -> Faults:
         detach_ranks=switches.get("detach_ranks", False),
         crash_after=timed.get("crash_after"),
         unhealthy_after=timed.get("unhealthy_after"),
+        update_weights_fail=timed.get("update_weights_fail"),
     )
 
 

@@ -124,17 +124,18 @@ def parse(kind: Kind, body: bytes, served_model: str, context_length: int) -> Ge
 class Output:
     """The events and the final answer of one request, in its endpoint's format."""
 
-    def __init__(self, req: GenRequest) -> None:
+    def __init__(self, req: GenRequest, piece: str = PIECE) -> None:
         self.req = req
+        #: The one token every answer repeats: what the weights in memory "generate".
+        self.piece = piece
         self.created = int(time.time())
         prefix = {"generate": "", "completions": "cmpl-", "chat": "chatcmpl-"}[req.kind]
         self.id = prefix + uuid.uuid4().hex
         self.cached_tokens = 0
         self._start = time.monotonic()
 
-    @staticmethod
-    def text(n: int) -> str:
-        return " ".join([PIECE] * n)
+    def text(self, n: int) -> str:
+        return " ".join([self.piece] * n)
 
     def _meta(self, n: int, done: bool) -> dict[str, Any]:
         return {
@@ -192,7 +193,7 @@ class Output:
         """The event of token ``i`` (0-based) of ``max_new_tokens``."""
         n = i + 1
         last = n == self.req.max_new_tokens
-        piece = PIECE if i == 0 else " " + PIECE
+        piece = self.piece if i == 0 else " " + self.piece
         if self.req.kind == "generate":
             return {"text": self.text(n), "meta_info": self._meta(n, last)}
         if self.req.kind == "completions":

@@ -21,6 +21,7 @@ from sglang_supervisor.sim import generate
 from sglang_supervisor.sim.flags import log
 from sglang_supervisor.sim.generate import BadRequest, GenRequest, Kind, Output, sse
 from sglang_supervisor.sim.load import Engine
+from sglang_supervisor.sim.runtime import Runtime
 
 #: uvicorn's (and SGLang's) listen backlog.
 BACKLOG = 2048
@@ -37,9 +38,15 @@ class App(Protocol):
     """What the endpoints read from the server."""
 
     engine: Engine
-    served_model_name: str
+    #: The endpoints that change the running server (sglang_supervisor.sim.runtime).
+    runtime: Runtime
     context_length: int
     tokens_per_s: float
+
+    @property
+    def served_model_name(self) -> str:
+        """The name requests address (a weights update renames it)."""
+        ...
 
     def health(self, generate: bool) -> tuple[int, str]:
         """(status, body) of /health, or of /health_generate (a generation's time)."""
@@ -121,9 +128,23 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, data: object) -> None:
         self._send(status, json.dumps(data).encode())
 
+    def _runtime(self, body: bytes = b"") -> bool:
+        """Answer a runtime endpoint (True), or leave ``self.path`` to the others."""
+        path = self.path.split("?", 1)[0]
+        answer = self.server.app.runtime.handle(
+            self.command, path, body, self.headers.get("Authorization")
+        )
+        if answer is None:
+            return False
+        status, content_type, data = answer
+        self._send(status, data, content_type)
+        return True
+
     def do_GET(self) -> None:
         app = self.server.app
         path = self.path.split("?", 1)[0]
+        if self._runtime():
+            return
         if path in ("/health", "/health_generate"):
             status, text = app.health(path == "/health_generate")
             self._send(status, text.encode(), "text/plain")
@@ -144,6 +165,24 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_HEAD = do_GET
 
+    def _body(self) -> bytes | None:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY_BYTES:
+            self.close_connection = True
+            self._json(400, {"error": {"message": "bad Content-Length"}})
+            return None
+        return self.rfile.read(length)
+
+    def do_PUT(self) -> None:
+        body = self._body()
+        if body is not None and not self._runtime(body):
+            self._json(404, {"detail": "Not Found"})
+
+    do_DELETE = do_PUT
+
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
         try:
@@ -155,6 +194,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(400, {"error": {"message": "bad Content-Length"}})
             return
         body = self.rfile.read(length)
+        if self._runtime(body):
+            return
         kind = _GENERATION_PATHS.get(path)
         if kind is None:
             self._json(404, {"detail": "Not Found"})
@@ -170,6 +211,12 @@ class _Handler(BaseHTTPRequestHandler):
     # -- generations --
 
     def _generate(self, app: App, req: GenRequest) -> None:
+        app.runtime.log_request(req.prompt)
+        # A weights update waits for the generations in flight and holds new ones.
+        with app.runtime.model_lock.reading():
+            self._generate_now(app, req)
+
+    def _generate_now(self, app: App, req: GenRequest) -> None:
         why = app.accepting()
         ticket = (
             None if why else app.engine.submit(req.prompt, req.prompt_tokens, req.max_new_tokens)
@@ -178,7 +225,7 @@ class _Handler(BaseHTTPRequestHandler):
             message = f"the server is {why or 'shutting down'}"
             self._json(503, generate.error_body(req.kind, message, 503))
             return
-        out = Output(req)
+        out = Output(req, app.runtime.piece())
         generated = 0
         try:
             if req.stream:

@@ -36,7 +36,9 @@ from sglang_supervisor.sim import capacity, info, metrics
 from sglang_supervisor.sim.children import Children, ServerFailure, signal_name
 from sglang_supervisor.sim.flags import ServerConfig, SimEnv, log
 from sglang_supervisor.sim.http import HttpServer
+from sglang_supervisor.sim.kernel_cache import compile_kernels
 from sglang_supervisor.sim.load import LOAD_ENV, Engine
+from sglang_supervisor.sim.runtime import Runtime
 from sglang_supervisor.sim.start_checks import check_gpus, check_start_faults
 
 #: Seconds between time-driven checks of the main loop (children alive, faults, logging).
@@ -69,7 +71,6 @@ class Launcher:
         self._children = Children(env.registry, env.faults)
         self._http: HttpServer | None = None
         self._started_at = time.monotonic()
-        self.served_model_name = cfg.served_model_name
         self.context_length = cfg.context_length
         self.tokens_per_s = env.tokens_per_s
         self._ready_at: float | None = None
@@ -101,9 +102,21 @@ class Launcher:
             prefill_limit_tokens=capacity.prefill_limit_tokens(self.resolved, total),
         )
         self.max_running_requests = max(1, self.resolved.max_running_requests)
+        #: What SGLang changes on a running server (its runtime endpoints).
+        self.runtime = Runtime(
+            cfg,
+            workers=len(self.engine.workers),
+            max_running=self.engine.max_running,
+            inflight=self.engine.inflight,
+            update_faults=int(env.faults.update_weights_fail or 0),
+        )
         self._registry = metrics.registry_for(self.engine, cfg.served_model_name, cfg.num_ranks)
 
     # -- what the HTTP handlers read (http.App) --
+
+    @property
+    def served_model_name(self) -> str:
+        return self.runtime.served_model_name
 
     def health(self, generate: bool) -> tuple[int, str]:
         """/health_generate (``generate``) runs a one-token generation SGLang polls once a
@@ -112,7 +125,8 @@ class Launcher:
         loading and from SIGTERM on (http_server.py: "Health check request received
         during shutdown")."""
         if generate and self.phase is Phase.READY and self.healthy:
-            time.sleep(self.env.health_s)
+            with self.runtime.model_lock.reading():  # a generation: waits for an update
+                time.sleep(self.env.health_s)
         if self.phase is Phase.READY and (self.healthy or not generate):
             return 200, ""
         if self.phase is Phase.DRAINING:
@@ -126,7 +140,7 @@ class Launcher:
         return str(self.phase.value)
 
     def model_info(self) -> dict[str, Any]:
-        return info.model_info(self.cfg)
+        return info.model_info(self.cfg, self.runtime)
 
     def server_info(self) -> dict[str, Any]:
         answer = dict(self.cfg.args)
@@ -142,6 +156,7 @@ class Launcher:
                 {
                     "max_total_num_tokens": self.max_total_num_tokens,
                     "max_running_requests": self.engine.max_running,
+                    **self.runtime.internal_state(),  # set_internal_state's overrides
                 }
                 for _ in self.engine.workers
             ],
@@ -149,7 +164,7 @@ class Launcher:
         return answer
 
     def models(self) -> dict[str, Any]:
-        return info.models(self.cfg)
+        return info.models(self.cfg, self.runtime)
 
     def metrics_text(self) -> bytes | None:
         return metrics.render(self._registry) if self.cfg.enable_metrics else None
@@ -201,6 +216,7 @@ class Launcher:
         if self._wait(time.monotonic() + self.env.startup_s):
             return
         check_start_faults(self)
+        log(compile_kernels(self.cfg, os.environ), "TP0")
         avail = (self.env.memory_bytes - self.weight_bytes) / 2**30
         log(
             f"Load weight end. type={self.model.architecture}, dtype=torch.bfloat16, "

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from sglang_supervisor.sim.gpus import SimGpuProbe, holds_memory, read_registry, sim_gpu_uuid
+from tests.checkpoints import write_checkpoint
 from tests.gpu.e2e import STANDIN_ROOT, alive
 from tests.helpers import free_port, wait_until
 
@@ -120,3 +121,19 @@ def test_oom_at_start_takes_the_launcher_down(standins: list[Standin], tmp_path:
     standins.append(s)
     assert s.proc.wait(30) == 1
     assert "out of memory" in s.log.read_text().lower()
+
+
+def test_each_rank_loads_its_share_of_the_weights(standins: list[Standin], tmp_path: Path) -> None:
+    """The model directory's shards are read by the ranks (onto the GPU on a GPU host),
+    before the server answers: rank r takes shards r, r + n, ..."""
+    ckpt = write_checkpoint(tmp_path / "model")
+    s = Standin(tmp_path, ["--tp-size", "2", "--model-path", str(ckpt)])
+    standins.append(s)
+    wait_until(s.healthy, 30, 0.05, "/health_generate 200")
+    ranks = sorted(s.info()["standin"]["ranks"], key=lambda r: r["rank"])
+    shards = sorted(ckpt.glob("*.safetensors"))
+    assert [(r["weights_files"], r["weights_bytes"]) for r in ranks] == [
+        (1, shards[0].stat().st_size),
+        (1, shards[1].stat().st_size),
+    ]
+    assert {r["weights_loader"] for r in ranks} == {"read (fake GPU)"}

@@ -405,3 +405,33 @@ def test_an_interrupted_apply_says_which_levers_start_with_levers_source_config(
         await second.sup.shutdown()
 
     run(after)
+
+
+def test_a_server_changed_in_place_when_the_daemon_died_is_not_adopted(tmp_path: Path) -> None:
+    """The daemon died in the middle of a live change (or a weights update): which values
+    the server holds is not known, so the next daemon starts the last-good levers anew."""
+    procs = FakeProcessOps(FakeProbe())
+    first = make_rig(tmp_path, procs=procs)
+
+    async def before() -> None:
+        await first.start_ready()
+        changing = LeverSet({**INITIAL_LEVERS, "log_requests": True})
+        await first.sup.parts.journal.begin_apply("0123456789ab", changing, path="live")
+        # ...and the daemon dies here; its server keeps serving.
+
+    run(before)
+    changed = procs.handles[0]
+    second = make_rig(tmp_path, procs=procs, settings=first.settings)
+
+    async def after() -> None:
+        await second.start_ready()
+        assert len(procs.spawns) == 2 and changed.poll()  # torn down, relaunched
+        status = await second.sup.status()
+        assert status["server"]["pid"] != changed.pid
+        assert status["levers"] == INITIAL_LEVERS
+        op = next(iter(second.sup.operations.values()))
+        detail = phase_detail(op, PhaseName.INTERRUPTED_APPLY)
+        assert "apply 0123456789ab was interrupted" in detail
+        await second.sup.shutdown()
+
+    run(after)

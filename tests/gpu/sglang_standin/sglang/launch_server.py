@@ -24,6 +24,10 @@ Switches (environment; the supervisor passes a lever set's ``env`` through):
 * ``SGLANG_STANDIN_FAKE_GPU_DIR``: no torch — a rank registers its bytes in this directory
   instead (``sglang_supervisor.sim.gpus`` registry format, read by the test's fake NVML), with
   ``SGLANG_STANDIN_FAKE_GPU_MIB`` per GPU: for rehearsing the test on a CPU-only host.
+
+After its memory, a rank loads its share of ``--model-path``'s safetensors files onto its GPU
+(``standin_weights``: a real load, from disk or the page cache; with fake GPUs a read), and
+``/server_info`` reports each rank's ``weights_bytes``, ``weights_s`` and loader.
 """
 
 from __future__ import annotations
@@ -138,6 +142,7 @@ def run_rank(args: argparse.Namespace) -> int:
     oom = _flag("SGLANG_STANDIN_OOM")
     t0 = time.monotonic()
     held: Any = None
+    weights: Any = None
     try:
         if os.environ.get("SGLANG_STANDIN_FAKE_GPU_DIR"):
             total = int(float(os.environ.get("SGLANG_STANDIN_FAKE_GPU_MIB", "143771")) * 2**20)
@@ -145,6 +150,15 @@ def run_rank(args: argparse.Namespace) -> int:
             info = {**_fake_allocate(device, nbytes), "bytes": nbytes}
         else:
             held, info = _torch_allocate(device, (1 << 50) if oom else None, fraction)
+        # The model's weights onto the GPU (its share of the files): a real load.
+        from sglang.standin_weights import load
+
+        fake = bool(os.environ.get("SGLANG_STANDIN_FAKE_GPU_DIR"))
+        ranks = max(1, args.tp_size) * max(1, args.pp_size)
+        weights, loaded = load(args.model_path, rank, ranks, None if fake else device)
+        info.update(loaded)
+        if loaded["weights_files"]:
+            log(who, f"Load weight end: {loaded}")
     except Exception as exc:  # torch.OutOfMemoryError, or the fake one
         log(who, f"failed at start on CUDA device {device}: {type(exc).__name__}: {exc}")
         traceback.print_exc(file=sys.stdout)
@@ -165,7 +179,7 @@ def run_rank(args: argparse.Namespace) -> int:
     tmp.write_text(json.dumps(info))
     os.replace(tmp, Path(args.standin_run_dir) / f"rank{rank}.json")
     log(who, f"READY {json.dumps(info, sort_keys=True)}")
-    while held is not None or info:  # the tensor stays referenced until the process ends
+    while held is not None or weights or info:  # referenced until the process ends
         time.sleep(3600)
     return 0
 
