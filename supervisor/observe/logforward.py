@@ -11,9 +11,11 @@ follows the file from a worker thread, as ``tail -F`` would — a new launch's l
 first line, a file truncated by the size bound from its new start. Bounded: at most
 ``MAX_LINES_PER_S`` lines a second (a burst of one second's worth; what is over is
 counted and said in one line naming the file that has them), ``MAX_LINE_CHARS`` per line,
-``MAX_READ_BYTES`` read per poll. Secrets are replaced by ``<redacted>`` as everywhere
-else (``redact.py``): URL passwords and secret query values, and the literal values of
-the secret levers and environment variables the server was given.
+``MAX_READ_BYTES`` read per poll. Secrets are replaced by ``<redacted>`` by the rule
+every path out of the daemon follows (``redact.redact_text``): SGLang's print of its
+``server_args`` (``'api_key': '...'``, any length), URL passwords and secret query
+values, and the literal values of the secret levers and environment variables the
+server was given.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_supervisor.redact import REDACTED, SECRET_LEVERS, redact_text
+from sglang_supervisor.redact import redact_text
 
 log = logging.getLogger("sglang")
 
@@ -39,13 +41,7 @@ MAX_LINE_CHARS = 4000
 #: How far past the cut a line is scrubbed (a URL password or ``api_key='...'`` across it).
 SCRUB_MARGIN = 512
 MAX_READ_BYTES = 1 << 20
-#: A secret shorter than this is not searched for in the text (it would hide "1" or "on").
-MIN_SECRET_CHARS = 6
 _LEVEL = re.compile(r"\b(CRITICAL|ERROR|WARNING|Traceback)\b")
-#: SGLang's own print of a secret flag, ``server_args=ServerArgs(..., api_key='...')``:
-#: hidden whatever its length (a literal search skips values under MIN_SECRET_CHARS).
-_SECRET_NAMES = "|".join(sorted(SECRET_LEVERS))
-_SECRET_ARG = re.compile(rf"\b(?P<head>(?:{_SECRET_NAMES})=)(?P<q>['\"])(?P<value>.*?)(?P=q)")
 _LEVELS = {
     "CRITICAL": logging.CRITICAL,
     "ERROR": logging.ERROR,
@@ -67,14 +63,6 @@ def line_level(line: str) -> int:
     """SGLang's level of a line (``[time] WARNING ...``, uvicorn's ``ERROR:``); INFO else."""
     m = _LEVEL.search(line[:200])
     return _LEVELS[m.group(1)] if m else logging.INFO
-
-
-def scrub(line: str, secrets: Iterable[str]) -> str:
-    line = _SECRET_ARG.sub(lambda m: f"{m['head']}{m['q']}{REDACTED}{m['q']}", line)
-    for secret in secrets:
-        if len(secret) >= MIN_SECRET_CHARS and secret in line:
-            line = line.replace(secret, REDACTED)
-    return redact_text(line)
 
 
 class LogForwarder:
@@ -205,7 +193,7 @@ class LogForwarder:
             # Scrubbed beyond the cut, then cut: a secret across the cut would keep its
             # first part; scrubbing a whole 1 MiB line would cost far more than the cut.
             margin = SCRUB_MARGIN + max((len(x) for x in src.secrets), default=0)
-            text = scrub(line[: MAX_LINE_CHARS + margin], src.secrets)[:MAX_LINE_CHARS]
+            text = redact_text(line[: MAX_LINE_CHARS + margin], src.secrets)[:MAX_LINE_CHARS]
             log.log(line_level(line), "[pid %d] %s", src.pid, text, extra={"server_pid": src.pid})
             logged += 1
         return logged
