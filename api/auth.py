@@ -30,6 +30,7 @@ from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sglang_supervisor.config import ApiSettings
+from sglang_supervisor.files import FileRefused, read_regular
 from sglang_supervisor_api.audit import TOKEN_SCOPE_KEY, audit
 
 TOKEN_ENV = "SGLANG_SUPERVISOR_TOKEN"
@@ -68,15 +69,20 @@ def _load_secret(env_name: str, token_file: str | None, what: str) -> str | None
         return None
     path = Path(token_file)
     try:
-        st = path.stat()
+        # Regular, bounded, with a deadline: a FIFO or a hung mount never blocks (files.py).
+        read = read_regular(path, what, max_bytes=64 << 10)
+        token = read.text().strip()
     except OSError as exc:
         raise AuthConfigError(f"cannot read {what} {path}: {exc.strerror}") from exc
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+    except (FileRefused, UnicodeDecodeError) as exc:
+        raise AuthConfigError(
+            str(exc) if isinstance(exc, FileRefused) else f"{what} {path} is not UTF-8 text"
+        ) from exc
+    if read.st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise AuthConfigError(
             f"{what} {path} is readable by group or others (mode "
-            f"{stat.S_IMODE(st.st_mode):o}); run: chmod 600 {path}"
+            f"{stat.S_IMODE(read.st.st_mode):o}); run: chmod 600 {path}"
         )
-    token = path.read_text().strip()
     if not token:
         raise AuthConfigError(f"{what} {path} is empty")
     return token

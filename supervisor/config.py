@@ -29,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sglang_supervisor.files import read_regular
 from sglang_supervisor.slurm.settings import Launcher, SlurmSettings
 
 #: Initial levers of ``serve --simulate`` with no config: an 8-GPU tensor-parallel server.
@@ -315,9 +316,12 @@ def load_settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text())
+            # A FIFO, a device or a hung mount is refused, never waited on (files.py).
+            data = tomllib.loads(read_regular(path, "config").text())
         except OSError as exc:
             raise ValueError(f"cannot read config {path}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"config {path} is not UTF-8 text: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"config {path} is not valid TOML: {exc}") from exc
     _merge(data, settings_from_environment())
