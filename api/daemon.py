@@ -45,7 +45,7 @@ from sglang_supervisor_api.audit_file import _audit_to_file
 from sglang_supervisor_api.auth import AuthConfigError, load_tokens
 from sglang_supervisor_api.daemon_signals import DaemonSignals, process_signals
 from sglang_supervisor_api.instance_lock import InstanceBusy, accept_and_close, hold_instance
-from sglang_supervisor_api.listener import ApiServer, listen_socket
+from sglang_supervisor_api.listener import ApiServer, first_request_within, listen_socket
 from sglang_supervisor_api.logsetup import UVICORN_LOG_CONFIG
 from sglang_supervisor_api.reconcile import on_sighup
 from sglang_supervisor_api.reload import Reloader
@@ -278,6 +278,7 @@ async def _serve_owned(
         read_token=read_token,
         metrics_public=settings.api.metrics_public,
         max_body_bytes=settings.api.max_request_bytes,
+        body_timeout_s=settings.api.body_timeout_s,
         bind_host=settings.api.host,
         allowed_hosts=tuple(settings.api.allowed_hosts),
     )
@@ -290,6 +291,10 @@ async def _serve_owned(
         # The audit log names the socket's peer, never an X-Forwarded-For header.
         proxy_headers=False,
         timeout_graceful_shutdown=5,
+        # Bounded: each connection may hold a body of max_request_bytes (body_limits.py).
+        limit_concurrency=settings.api.max_connections,
+        # A connection must begin its request within body_timeout_s (idle ones held slots).
+        http=first_request_within(settings.api.body_timeout_s),
         access_log=False,
         # uvicorn's lines go through sglang_supervisor_api.logsetup's handler
         log_config=UVICORN_LOG_CONFIG,

@@ -50,7 +50,14 @@ RESTART_ONLY = (
     "sim",
     "router",
 )
-RESTART_ONLY_API = ("max_request_bytes", "allowed_hosts", "ssl_certfile", "ssl_keyfile")
+RESTART_ONLY_API = (
+    "max_request_bytes",
+    "body_timeout_s",
+    "max_connections",
+    "allowed_hosts",
+    "ssl_certfile",
+    "ssl_keyfile",
+)
 
 
 @dataclass(frozen=True)

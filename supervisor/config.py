@@ -59,6 +59,11 @@ class ApiSettings(_Section):
     ssl_keyfile: str | None = None
     #: Larger request bodies are refused with 413.
     max_request_bytes: int = Field(1 << 20, ge=1024)
+    #: A request body not all there this long after the request began: 408 (its memory
+    #: goes with its connection).
+    body_timeout_s: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False)
+    #: Open connections (event streams included) the API keeps; a request beyond is 503.
+    max_connections: int = Field(64, ge=4, le=100_000)
     #: Host header names (``name`` or ``name:port``) the API answers besides loopback, the
     #: bound address and this host's name: e.g. the name a reverse proxy forwards. ``"*"``
     #: turns the check off (then only the token keeps DNS-rebound pages out).
