@@ -22,12 +22,14 @@ files under the state directory have their own rules (``store``: never through a
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: How long one read may take before it is refused (a local disk takes microseconds).
 READ_TIMEOUT_S = 5.0
@@ -142,3 +144,43 @@ def _read(path: str | Path, what: str, max_bytes: int) -> FileRead:
         return FileRead(b"".join(chunks), st)
     finally:
         os.close(fd)
+
+
+#: How deep a JSON file the daemon is given may nest (a config.json nests 3 or 4 levels).
+MAX_JSON_DEPTH = 64
+
+
+def read_json(
+    path: str | Path,
+    what: str,
+    *,
+    max_bytes: int = MAX_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+) -> Any:
+    """``path`` parsed as JSON, read by :func:`read_regular`'s rules, nested at most
+    ``max_depth`` levels. Raises ``FileRefused`` (also for the nesting: deep enough, it
+    exhausted the parser's recursion — a bare 500 —, and anything deeper than a config
+    needs is refused alike), ``ValueError`` (not JSON) or ``OSError``."""
+    data = read_regular(path, what, max_bytes=max_bytes).data
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise FileRefused(_too_deep(path, what, max_depth)) from None
+    stack: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > max_depth:
+                    raise FileRefused(_too_deep(path, what, max_depth))
+                stack.append((child, depth + 1))
+    return value
+
+
+def _too_deep(path: str | Path, what: str, max_depth: int) -> str:
+    return (
+        f"{what} {path} nests deeper than {max_depth} levels; nothing was used: give the right file"
+    )

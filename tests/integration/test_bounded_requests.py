@@ -6,6 +6,8 @@ server's pid, state and levers are unchanged."""
 
 from __future__ import annotations
 
+import functools
+import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,3 +146,39 @@ def test_connections_that_never_send_a_request_do_not_hold_the_cap(daemon: Daemo
             s.close()
     assert closed == [b""] * CAP
     assert daemon.client.get("/healthz", timeout=5).status_code == 200
+
+
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [
+        (json.dumps({**LLAMA, "pad": "x" * (5 << 20)}), "is larger than 4194304 bytes"),
+        ("[" * 100_000 + "]" * 100_000, "nests deeper than 64 levels"),
+        (json.dumps({**LLAMA, "deep": functools.reduce(lambda a, _: [a], range(80), 0)}), "nests"),
+    ],
+    ids=["5MiB", "nested_100000", "nested_80"],
+)
+def test_plan_bounds_the_config_json_it_reads(
+    daemon: Daemon, tmp_path: Path, config: str, why: str
+) -> None:
+    """POST /plan reads the config.json of any directory it is given, as the daemon's
+    user: a 300 MB one, 14 requests at once, took the daemon to 2.4 GB; a deeply nested
+    one was a bare 500. Now each is a 422 naming the file and the bound."""
+    (tmp_path / "config.json").write_text(config)
+    r = daemon.client.post("/plan", json={"model": str(tmp_path)})
+    assert r.status_code == 422, r.text[:2000]
+    assert f"{tmp_path / 'config.json'} {why}"[:60] in r.json()["detail"]["message"], r.text
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))  # the bounds are bounds
+    assert daemon.client.post("/plan", json={"model": str(tmp_path)}).status_code == 200
