@@ -16,6 +16,7 @@ from sglang_supervisor.observe.oplog import log_operation_end
 from sglang_supervisor.version import version
 from sglang_supervisor_api import event_routes, history_routes, page, plan, reconcile, routes
 from sglang_supervisor_api.auth import ApiAccess, GuardMiddleware
+from sglang_supervisor_api.body_limits import BodyLimitsMiddleware
 from sglang_supervisor_api.openapi import build_openapi
 from sglang_supervisor_api.request_guard import BrowserGuardMiddleware, HostPolicy, known_query
 from sglang_supervisor_api.starting import StartingMiddleware
@@ -28,6 +29,7 @@ def create_app(
     read_token: str | None = None,
     metrics_public: bool = False,
     max_body_bytes: int = 1 << 20,
+    body_timeout_s: float = 10.0,
     bind_host: str = "127.0.0.1",
     allowed_hosts: tuple[str, ...] = (),
 ) -> FastAPI:
@@ -65,7 +67,11 @@ def create_app(
     app.openapi = openapi  # type: ignore[method-assign]
     # Inside the guard: a call is authenticated before it is told to come back later.
     app.add_middleware(StartingMiddleware, supervisor=supervisor)
-    app.add_middleware(GuardMiddleware, access=app.state.access, max_body_bytes=max_body_bytes)
+    # Inside the token check: a caller without the token cannot make the daemon read a body.
+    app.add_middleware(
+        BodyLimitsMiddleware, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s
+    )
+    app.add_middleware(GuardMiddleware, access=app.state.access)
     # Outermost (added last): a forged browser request is refused before the token check.
     app.add_middleware(BrowserGuardMiddleware, hosts=HostPolicy(bind_host, allowed_hosts))
 

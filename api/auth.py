@@ -1,5 +1,5 @@
-"""Bearer-token authentication and request size limits (the audit log:
-``sglang_supervisor_api.audit``).
+"""Bearer-token authentication (the audit log: ``sglang_supervisor_api.audit``; a request
+body's limits: ``sglang_supervisor_api.body_limits``).
 
 The token comes from ``$SGLANG_SUPERVISOR_TOKEN`` or ``[api] token_file`` (refused when the
 file is readable by group or others). It is required on every call except :data:`PUBLIC_PATHS`
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sglang_supervisor.config import ApiSettings
+from sglang_supervisor.files import FileRefused, read_regular
 from sglang_supervisor_api.audit import TOKEN_SCOPE_KEY, audit
 from sglang_supervisor_api.env_names import READ_TOKEN_ENV, TOKEN_ENV
 
@@ -67,15 +67,20 @@ def _load_secret(env_name: str, token_file: str | None, what: str) -> str | None
         return None
     path = Path(token_file)
     try:
-        st = path.stat()
+        # Regular, bounded, with a deadline: a FIFO or a hung mount never blocks (files.py).
+        read = read_regular(path, what, max_bytes=64 << 10)
+        token = read.text().strip()
     except OSError as exc:
         raise AuthConfigError(f"cannot read {what} {path}: {exc.strerror}") from exc
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+    except (FileRefused, UnicodeDecodeError) as exc:
+        raise AuthConfigError(
+            str(exc) if isinstance(exc, FileRefused) else f"{what} {path} is not UTF-8 text"
+        ) from exc
+    if read.st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise AuthConfigError(
             f"{what} {path} is readable by group or others (mode "
-            f"{stat.S_IMODE(st.st_mode):o}); run: chmod 600 {path}"
+            f"{stat.S_IMODE(read.st.st_mode):o}); run: chmod 600 {path}"
         )
-    token = path.read_text().strip()
     if not token:
         raise AuthConfigError(f"{what} {path} is empty")
     return token
@@ -175,12 +180,12 @@ class ApiAccess:
 
 
 class GuardMiddleware:
-    """Token check and body-size limit, before any route runs."""
+    """The token check, before any route runs (the body's limits are
+    ``sglang_supervisor_api.body_limits``', inside this one)."""
 
-    def __init__(self, app: ASGIApp, *, access: ApiAccess, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, access: ApiAccess) -> None:
         self.app = app
         self.access = access
-        self.max_body = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -207,25 +212,7 @@ class GuardMiddleware:
                 audit(scope, "refused", reason="the read-only token on a call that changes state")
                 await _reply(send, 403, {"message": _read_only(method, path)}, [])
                 return
-        length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            await _reply(send, 413, {"message": _too_large(self.max_body)}, [])
-            return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body:
-                    raise _TooLarge(self.max_body)
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await _reply(send, 413, {"message": _too_large(self.max_body)}, [])
+        await self.app(scope, receive, send)
 
     def _role(self, scope: Scope, token: str) -> str | None:
         """ "admin", "read" or None (no or a wrong bearer token); both compared in
@@ -247,19 +234,4 @@ def _read_only(method: str, path: str) -> str:
         f"this token can only read; {method} {path} changes the server or its levers and "
         "needs the token ([api] token_file / $SGLANG_SUPERVISOR_TOKEN), not the read-only "
         "one ([api] read_token_file / $SGLANG_SUPERVISOR_READ_TOKEN); nothing was changed"
-    )
-
-
-class _TooLarge(HTTPException):
-    """Raised from the body reader: FastAPI passes an HTTPException through (any other
-    error there becomes its own 400), so a chunked body over the limit is a 413 too."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, detail={"message": _too_large(limit)})
-
-
-def _too_large(limit: int) -> str:
-    return (
-        f"the request body is over {limit} bytes ([api] max_request_bytes); nothing was "
-        "changed: send a smaller body or raise the limit"
     )

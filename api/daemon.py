@@ -23,7 +23,6 @@ import logging.handlers
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,13 +45,13 @@ from sglang_supervisor_api.audit_file import _audit_to_file
 from sglang_supervisor_api.auth import AuthConfigError, load_tokens
 from sglang_supervisor_api.daemon_signals import DaemonSignals, process_signals
 from sglang_supervisor_api.instance_lock import InstanceBusy, accept_and_close, hold_instance
-from sglang_supervisor_api.listener import ApiServer, listen_socket
+from sglang_supervisor_api.listener import ApiServer, first_request_within, listen_socket
 from sglang_supervisor_api.logsetup import UVICORN_LOG_CONFIG
 from sglang_supervisor_api.reconcile import on_sighup
-from sglang_supervisor_api.reload import reload_settings
+from sglang_supervisor_api.reload import Reloader
 from sglang_supervisor_api.server_journal import server_log_forwarder
 from sglang_supervisor_api.state_lock import StateDirBusy, lock_state_dir
-from sglang_supervisor_api.tls import check_tls, reload_certificate
+from sglang_supervisor_api.tls import check_tls
 
 log = logging.getLogger("supervisor")
 
@@ -279,6 +278,7 @@ async def _serve_owned(
         read_token=read_token,
         metrics_public=settings.api.metrics_public,
         max_body_bytes=settings.api.max_request_bytes,
+        body_timeout_s=settings.api.body_timeout_s,
         bind_host=settings.api.host,
         allowed_hosts=tuple(settings.api.allowed_hosts),
     )
@@ -291,6 +291,10 @@ async def _serve_owned(
         # The audit log names the socket's peer, never an X-Forwarded-For header.
         proxy_headers=False,
         timeout_graceful_shutdown=5,
+        # Bounded: each connection may hold a body of max_request_bytes (body_limits.py).
+        limit_concurrency=settings.api.max_connections,
+        # A connection must begin its request within body_timeout_s (idle ones held slots).
+        http=first_request_within(settings.api.body_timeout_s),
         access_log=False,
         # uvicorn's lines go through sglang_supervisor_api.logsetup's handler
         log_config=UVICORN_LOG_CONFIG,
@@ -317,22 +321,25 @@ async def _serve_owned(
     app.state.load_settings = load_settings  # POST /reconcile re-reads the config
     sighup_levers = on_sighup(sup)  # the desired levers; levers_source = "config" reconciles
 
-    def reload() -> None:
-        if load_settings is None:
+    if load_settings is None:
+
+        def reload() -> None:
             log.warning("reload (SIGHUP): no config to re-read; nothing changed")
-            return
-        now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-        sdnotify.notify(f"RELOADING=1\nMONOTONIC_USEC={now_us}")
-        reload_settings(
+
+        reloader = None
+    else:
+        reloader = Reloader(
             load_settings,
             settings,
             app.state.access,
             log_level_pinned=log_level is not None,
             on_new=sighup_levers,
+            # uvicorn's serving context, set once it loaded the certificate.
+            tls_context=lambda: getattr(config, "ssl", None),
+            warn=sup.warn,
+            resolve=sup.warning_resolved,
         )
-        # A renewed certificate at the same paths (config.ssl: set once uvicorn loaded it).
-        reload_certificate(getattr(config, "ssl", None), settings.api)
-        sdnotify.notify("READY=1")
+        reload = reloader.request
 
     stopping = _Stopping(sup, app, server, reload)
     signals.attach(asyncio.get_running_loop(), stopping.on_signal)
@@ -359,6 +366,8 @@ async def _serve_owned(
             "STATUS=stopping the server and verifying GPU release"
         )
     finally:
+        if reloader is not None:
+            await reloader.stop()
         keep = keep_server_on_exit(settings)
         released = await sup.shutdown(keep_server=keep)
         if journal is not None:  # the server's last lines (its drain, its exit) too

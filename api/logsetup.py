@@ -14,6 +14,9 @@ its syslog priority (``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug
 journald strips and records: ``journalctl -p warning -u sglang-supervisor`` then shows
 rollbacks and crashes. The timestamp is left out there (journald adds its own).
 
+Every record passes the one redaction rule (``sglang_supervisor.redact``) on its way out:
+a reason that quotes the server's log or a command line shows no secret here either.
+
 uvicorn must not install its own handlers: pass :data:`UVICORN_LOG_CONFIG` as
 ``uvicorn.Config(log_config=...)``; its loggers then propagate to this handler.
 """
@@ -30,6 +33,7 @@ from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
 
 from sglang_supervisor.observe.oplog import OperationFields
+from sglang_supervisor.redact import redact_text
 
 FORMATS = ("text", "json")
 #: ``uvicorn.Config(log_config=UVICORN_LOG_CONFIG)``: uvicorn configures no handlers.
@@ -92,6 +96,11 @@ class JsonFormatter(_JsonFormatter):
         log_data["time"] = created.isoformat(timespec="milliseconds")
         super().add_fields(log_data, record, message_dict)
 
+    def formatException(self, ei: Any) -> str:  # noqa: N802 (logging's name)
+        # python-json-logger formats the traceback anew rather than reading the
+        # ``exc_text`` the Redacting filter left: hide secrets here too.
+        return redact_text(super().formatException(ei))
+
 
 class _Journal(logging.Formatter):
     """Prefixes every line of ``inner``'s output with the record's syslog priority."""
@@ -103,6 +112,20 @@ class _Journal(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         prefix = f"<{syslog_priority(record.levelno)}>"
         return "\n".join(prefix + line for line in self.inner.format(record).splitlines())
+
+
+class Redacting(logging.Filter):
+    """Hides secrets in a log record's message and traceback (``redact.redact_text``)."""
+
+    def filter(self, line: logging.LogRecord) -> bool:
+        # (Not named "record": that name is the engine's server record, one writer.)
+        message = line.getMessage()
+        hidden = redact_text(message)
+        if hidden != message:
+            line.msg, line.args = hidden, None
+        if line.exc_info and not line.exc_text:
+            line.exc_text = redact_text(logging.Formatter().formatException(line.exc_info))
+        return True
 
 
 def make_formatter(fmt: str, journal: bool) -> logging.Formatter:
@@ -131,6 +154,7 @@ def setup_logging(level: str = "info", fmt: str = "text", stream: TextIO | None 
     handler = logging.StreamHandler(out)
     handler.setFormatter(make_formatter(fmt, writes_to_journal(out)))
     handler.addFilter(OperationFields())
+    handler.addFilter(Redacting())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from sglang_supervisor import planner
@@ -332,17 +332,32 @@ async def make_plan(
     return out
 
 
+#: Plans computed at once; more wait (each reads a model's files and holds its config:
+#: bounded, not multiplied by every caller at once).
+PLANS_AT_ONCE = 2
+
+
+def _plan_slots(request: Request) -> asyncio.Semaphore:
+    slots: asyncio.Semaphore | None = getattr(request.app.state, "plan_slots", None)
+    if slots is None:  # one per app, made on its loop
+        slots = request.app.state.plan_slots = asyncio.Semaphore(PLANS_AT_ONCE)
+    return slots
+
+
 @router.post("/plan")
-async def post_plan(sup: SupervisorDep, body: PlanRequest | None = None) -> dict[str, Any]:
+async def post_plan(
+    request: Request, sup: SupervisorDep, body: PlanRequest | None = None
+) -> dict[str, Any]:
     """The planner's proposal: current vs proposed capacity and the levers to apply.
 
     422 when the model cannot be found or read, or the inputs cannot be planned for.
     """
     try:
         body = body or PlanRequest()
-        inputs = sup.plan_inputs()
-        oracle = sglang_oracle(inputs, body)
-        out = await make_plan(body, inputs.view, inputs.backend, oracle, inputs.stop)
+        async with _plan_slots(request):
+            inputs = sup.plan_inputs()  # as of when this plan's turn came
+            oracle = sglang_oracle(inputs, body)
+            out = await make_plan(body, inputs.view, inputs.backend, oracle, inputs.stop)
         # Secrets among the current levers (api_key...) are not shown; the proposal's own
         # levers are capacity levers, kept as they are so they can be sent to POST /levers.
         return {**redact(out), "levers": out["levers"], "apply": out["apply"]}

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from sglang_supervisor.config import Settings
 from sglang_supervisor.engine import Busy, Supervisor
+from sglang_supervisor.engine.checks import RETRYING
 from sglang_supervisor.redact import redact
 from sglang_supervisor.sglang.levers import LeverError
 from sglang_supervisor.states import ServerState
@@ -174,18 +175,51 @@ def after_sighup(sup: Supervisor, new: Settings, tasks: set[asyncio.Task[Any]]) 
             view.state_reason,
         )
     elif new.server.levers_source == "config":
+        for older in tasks:  # this SIGHUP's config replaces theirs: one reconcile waits
+            older.cancel()
         task = asyncio.ensure_future(_reconcile_on_sighup(sup))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
     return changed
 
 
+#: How often a reconcile waiting for a retrying launch looks at its state again.
+WAIT_POLL_S = 0.05
+
+
 async def _reconcile_on_sighup(sup: Supervisor) -> None:
-    try:
-        op = await sup.submit_reconcile("SIGHUP", dry_run=False, drain_s=0.0)
-    except (LeverError, Busy):
-        return  # logged and shown in /status by engine/desired.py
-    except Exception:  # a task nobody awaits: say it here, not as "never retrieved"
-        log.exception("reconcile (SIGHUP) failed; the server was not touched by it")
+    """Submit the reconcile. Busy with an operation that retries a failing launch (the
+    start-up's, or a recovery's: ``checks.RETRYING``), it waits for that operation's next
+    backoff, which yields to it, or its end, and submits again: the edited config may be
+    what ends a crash loop (it was refused as busy for the whole loop). Busy with any
+    other operation (an operator's), it is refused as before; a later SIGHUP replaces a
+    reconcile still waiting."""
+    while True:
+        try:
+            op = await sup.submit_reconcile("SIGHUP", dry_run=False, drain_s=0.0)
+        except Busy as exc:
+            running = exc.operation
+            if running.kind not in RETRYING or running.finished:
+                return  # logged and shown in /status by engine/desired.py
+            log.info(
+                "reconcile (SIGHUP): operation %s (%s) retries a failing launch; the "
+                "reconcile follows at its next backoff or its end",
+                running.id,
+                running.kind,
+            )
+            # Refused in a backoff (it did not yield): the next one, never this one again.
+            stale = sup.view().state == ServerState.BACKOFF
+            while not running.finished:
+                await asyncio.sleep(WAIT_POLL_S)
+                backing_off = sup.view().state == ServerState.BACKOFF
+                if backing_off and not stale:
+                    break
+                stale = stale and backing_off
+            continue
+        except LeverError:
+            return  # logged and shown in /status by engine/desired.py
+        except Exception:  # a task nobody awaits: say it here, not as "never retrieved"
+            log.exception("reconcile (SIGHUP) failed; the server was not touched by it")
+            return
+        log.info("reconcile (SIGHUP): operation %s", op.id)
         return
-    log.info("reconcile (SIGHUP): operation %s", op.id)

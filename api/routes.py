@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -20,7 +21,7 @@ from sglang_supervisor.observe.metrics import SupervisorMetrics
 from sglang_supervisor.observe.serverlogs import log_for_launch
 from sglang_supervisor.observe.telemetry import tail_lines
 from sglang_supervisor.operations import Operation
-from sglang_supervisor.redact import REDACTED, redact
+from sglang_supervisor.redact import REDACTED, redact, redact_text
 from sglang_supervisor.sglang.drift import hides_value
 from sglang_supervisor.sglang.levers import LeverError
 from sglang_supervisor.sglang.live import LiveSet
@@ -354,6 +355,10 @@ async def metrics(registry: MetricsDep, sup: SupervisorDep) -> PrometheusRespons
     return PrometheusResponse(body)
 
 
+def _redacted_tail(path: Path, tail: int) -> list[str]:
+    return [redact_text(line) for line in tail_lines(path, tail, 16 * 1024 * 1024)]
+
+
 @router.get(
     "/logs",
     response_class=PlainTextResponse,
@@ -369,11 +374,12 @@ async def logs(
         int, Query(ge=0, description="0 = the newest launch, 1 = the one before")
     ] = 0,
 ) -> PlainTextResponse:
-    """The server's last ``tail`` log lines of one launch, as text."""
+    """The server's last ``tail`` log lines of one launch, as text, secrets hidden (SGLang
+    prints its ``server_args``, ``api_key`` included: the file keeps them, this does not)."""
     path = await asyncio.to_thread(log_for_launch, sup.view().logs_dir, launch)
     if path is None:
         raise HTTPException(404, detail={"message": f"no log of launch {launch} (0 = newest)"})
-    lines = await asyncio.to_thread(tail_lines, path, tail, 16 * 1024 * 1024)
+    lines = await asyncio.to_thread(_redacted_tail, path, tail)
     return PlainTextResponse(
         "\n".join(lines) + ("\n" if lines else ""), headers={"X-Log-Path": str(path)}
     )

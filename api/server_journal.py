@@ -7,22 +7,10 @@ launch log of the server the supervisor has now — and which values are secret 
 
 from __future__ import annotations
 
-import os
-
 from sglang_supervisor.config import Settings
 from sglang_supervisor.engine import Supervisor
 from sglang_supervisor.observe.logforward import LogForwarder, Source
-from sglang_supervisor.redact import is_secret_env, is_secret_name
-
-
-def secret_values(levers: dict[str, object], env: dict[str, str]) -> tuple[str, ...]:
-    """The secret lever and environment values the server has: its levers' and env's,
-    and the daemon's own environment's (``HF_TOKEN`` from the unit's environment file)."""
-    found = {str(v) for k, v in levers.items() if is_secret_name(k) and v}
-    found |= {v for k, v in env.items() if is_secret_env(k) and v}
-    found |= {v for k, v in os.environ.items() if is_secret_env(k) and v}
-    # Longest first: a secret that contains another is hidden whole.
-    return tuple(sorted(found, key=len, reverse=True))
+from sglang_supervisor.redact import secret_values
 
 
 def server_log_forwarder(settings: Settings, sup: Supervisor) -> LogForwarder | None:

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sglang_supervisor.files import read_regular
 from sglang_supervisor.slurm.settings import Launcher, SlurmSettings
 
 #: Initial levers of ``serve --simulate`` with no config: an 8-GPU tensor-parallel server.
@@ -58,6 +59,11 @@ class ApiSettings(_Section):
     ssl_keyfile: str | None = None
     #: Larger request bodies are refused with 413.
     max_request_bytes: int = Field(1 << 20, ge=1024)
+    #: A request body not all there this long after the request began: 408 (its memory
+    #: goes with its connection).
+    body_timeout_s: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False)
+    #: Open connections (event streams included) the API keeps; a request beyond is 503.
+    max_connections: int = Field(64, ge=4, le=100_000)
     #: Host header names (``name`` or ``name:port``) the API answers besides loopback, the
     #: bound address and this host's name: e.g. the name a reverse proxy forwards. ``"*"``
     #: turns the check off (then only the token keeps DNS-rebound pages out).
@@ -323,9 +329,12 @@ def load_settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text())
+            # A FIFO, a device or a hung mount is refused, never waited on (files.py).
+            data = tomllib.loads(read_regular(path, "config").text())
         except OSError as exc:
             raise ValueError(f"cannot read config {path}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"config {path} is not UTF-8 text: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"config {path} is not valid TOML: {exc}") from exc
     _merge(data, settings_from_environment())

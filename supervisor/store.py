@@ -192,10 +192,24 @@ def atomic_write(path: Path, text: str) -> None:
         ) from exc
 
 
-def open_append(path: Path) -> int:
-    """A descriptor appending to ``path`` (created 0600), refusing a symbolic link there
-    (``ELOOP``): logs the daemon writes as root never land in a file a link points to."""
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o600)
+def _append_line(path: Path, data: bytes) -> None:
+    """Append ``data`` (one line) to ``path`` whole or not at all (see ``append_history``)."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o600)
+    try:
+        start = os.fstat(fd).st_size
+        if start and os.pread(fd, 1, start - 1) != b"\n":
+            data = b"\n" + data  # a fragment left earlier ends here, alone on its line
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(fd, data[written:])
+        except OSError:
+            if written:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
 
 
 def _envelope(data: dict[str, Any]) -> str:
@@ -288,18 +302,27 @@ class Store:
 
     def append_history(self, record: dict[str, Any]) -> None:
         """Append one finished operation to ``operations.jsonl`` (best effort), rotating
-        it first when the line would take it past ``HISTORY_MAX_BYTES``."""
-        line = json.dumps(record, sort_keys=True) + "\n"
+        it first when the line would take it past ``HISTORY_MAX_BYTES``.
+
+        Never onto a torn record: a full disk cut a record at a page boundary and the next
+        one was appended onto the fragment, both lost. A write that fails part-way is
+        truncated away; a fragment that could not be (a crash mid-write) is ended with a
+        newline before the next record, so each record is a line of its own."""
+        data = (json.dumps(record, sort_keys=True) + "\n").encode()
         path = self.dir / HISTORY_FILE
         with self._lock:
             try:
                 size = path.stat().st_size if path.exists() else 0
-                if size and size + len(line.encode()) > HISTORY_MAX_BYTES:
+                if size and size + len(data) > HISTORY_MAX_BYTES:
                     self._rotate_history(path)
-                with os.fdopen(open_append(path), "a", encoding="utf-8") as f:
-                    f.write(line)
+                _append_line(path, data)
             except OSError as exc:
-                log.warning("cannot append to %s: %s", path, exc)
+                log.warning(
+                    "operation %s not recorded in %s: %s",
+                    record.get("id"),
+                    path,
+                    describe_os_error(path, exc),
+                )
 
     @staticmethod
     def _rotate_history(path: Path) -> None:

@@ -9,12 +9,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import psutil
+import pytest
 
 T = TypeVar("T")
 TEST_INSTANCE_PREFIX = "sgs-test"
@@ -307,3 +309,38 @@ def serve_refusal(
         _, err = proc.communicate(timeout=60)
         return -1, f"the daemon started instead of refusing:\n{err}"
     return proc.returncode, err
+
+
+NOBODY = 65534
+AS_NOBODY = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+#: Another user's process holding an abstract name: listening without ever accepting
+#: (its backlog of one fills), or bound without listening.
+SQUAT = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(bytes.fromhex(sys.argv[1]))
+if sys.argv[2] == "listen":
+    s.listen(0)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@contextmanager
+def squatter(name: bytes, how: str = "listen") -> Iterator[int]:
+    """uid 65534 (``nobody``) holding the abstract socket ``name`` until the block ends
+    (``how``: "listen" or "bind" only); yields its pid. Skips unless root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a process as another user (setpriv)")
+    proc = subprocess.Popen(
+        [*AS_NOBODY, "/usr/bin/python3", "-c", SQUAT, name.hex(), how],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -77,10 +77,17 @@ def _passed(ph: Phase, t0: float, detail: str) -> None:
     ph.end(SUCCEEDED, f"{detail} ({took * 1000:.1f} ms)")
 
 
+#: The operations that retry a failed launch after a backoff (``transaction.recover``):
+#: a recovery, and the daemon's start-up (its launch crash-looping is one too).
+RETRYING = frozenset({OpKind.RECOVER, OpKind.START})
+
+
 def backing_off(current: Operation | None, record: ReadRecord) -> bool:
-    """The running operation (``current``) is a recovery that only waits out its backoff
-    (no OS step runs): an operator's request may end it."""
-    return current is not None and current.kind == OpKind.RECOVER and record.state == S.BACKOFF
+    """The running operation (``current``) is a recovery — or the start-up's retries of
+    its launch — that only waits out its backoff (no OS step runs): an operator's
+    request may end it. A start-up that crash-loops on the config's levers yields to a
+    reconcile of the edited config (it was refused as busy for the whole loop)."""
+    return current is not None and current.kind in RETRYING and record.state == S.BACKOFF
 
 
 def refuse_if_busy(stop: StopRequest, current: Operation | None, record: ReadRecord) -> None:

@@ -25,6 +25,7 @@ from sglang_supervisor.host.gpu import GpuInfo
 from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.observe.telemetry import Throughput
 from sglang_supervisor.operations import wall_iso
+from sglang_supervisor.redact import remember
 from sglang_supervisor.sglang.levers import LeverSet
 from sglang_supervisor.states import ServerState, check_transition
 
@@ -181,7 +182,9 @@ class ServerRecord:
     # -------------------------------------------------------------- the server
 
     def server_started(self, server: ServerInfo) -> None:
-        """A launch (or an adopted one) is in hand: a shutdown's teardown finds it."""
+        """A launch (or an adopted one) is in hand: a shutdown's teardown finds it. Its
+        secret values are hidden from now on wherever they appear (its log prints them)."""
+        remember(server.levers.levers, server.levers.env)
         self.server = server
 
     def server_ready(self, max_total_num_tokens: int | None) -> None:

@@ -41,6 +41,7 @@ from sglang_supervisor.host.serverenv import (
     sglang_cache_dir,
     with_cache_dir,
 )
+from sglang_supervisor.host.secretflags import config_flags, split_secrets
 from sglang_supervisor.observe import serverlogs
 from sglang_supervisor.observe.telemetry import tail_lines
 from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation
@@ -49,6 +50,7 @@ from sglang_supervisor.sglang.accesslog import probe_log_flags
 from sglang_supervisor.sglang.levers import LeverSet, render_argv
 from sglang_supervisor.sglang.schema import FlagSchema
 from sglang_supervisor.states import ServerState
+from sglang_supervisor.store import StoreError
 
 log = logging.getLogger("supervisor")
 S = ServerState
@@ -67,6 +69,18 @@ def launch_flags(levers: LeverSet, schema: FlagSchema, server: ServerSettings) -
     owned = ["--host", server.host, "--port", str(server.port), "--enable-metrics"]
     # The daemon's probes stay out of SGLang's access log unless the levers say otherwise.
     return [*render_argv(levers, schema), *probe_log_flags(levers.levers, schema), *owned]
+
+
+def launch_argv(parts: Parts, levers: LeverSet) -> list[str]:
+    """The server's command line. A local launch takes its secret levers from a
+    ``--config`` file, never its argv (``host.secretflags``); a Slurm step keeps them
+    on its command line. Blocking (it writes that file): call it from a worker thread.
+    Raises ``StoreError`` when the file cannot be written."""
+    if parts.settings.server.launcher != "local":
+        return [*parts.backend.command, *flags(parts, levers)]
+    public, secret = split_secrets(levers)
+    from_file = config_flags(parts.settings.state_dir, secret, parts.schema)
+    return [*parts.backend.command, *from_file, *flags(parts, public)]
 
 
 def server_env(parts: Parts, managed: Sequence[GpuInfo], levers: LeverSet) -> dict[str, str]:
@@ -122,13 +136,13 @@ async def launch_until_ready(
         await asyncio.to_thread(
             serverlogs.prune, parts.journal.logs_dir, parts.settings.server.log_keep_launches - 1
         )
-        argv = [*parts.backend.command, *flags(parts, levers)]
         taken = await ownership.port_taken(parts, record)
         if taken is not None:
             op.rollback_reason = taken
             ph.end(FAILED, taken)
             return False
         try:
+            argv = await asyncio.to_thread(launch_argv, parts, levers)
             handle = await asyncio.to_thread(
                 parts.procs.spawn,
                 argv,
@@ -136,7 +150,7 @@ async def launch_until_ready(
                 tag=tag,
                 log_path=log_path,
             )
-        except OSError as exc:
+        except (OSError, StoreError) as exc:
             op.rollback_reason = str(exc)
             ph.end(FAILED, str(exc))
             return False

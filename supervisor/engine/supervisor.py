@@ -128,6 +128,10 @@ class Supervisor(SupervisorReads):
         """Show ``message`` in /status's warnings (once): ``ServerRecord.warn``."""
         self.record.warn(message)
 
+    def warning_resolved(self, message: str) -> None:
+        """Take ``message`` out of /status's warnings: what it warned of is over."""
+        self.record.warning_resolved(message)
+
     def _begin(self, kind: OpKind, requested: LeverSet | None) -> Operation:
         return self.ops.begin(kind, requested, closing=self.stop_request.requested)
 

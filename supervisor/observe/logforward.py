@@ -11,9 +11,15 @@ follows the file from a worker thread, as ``tail -F`` would — a new launch's l
 first line, a file truncated by the size bound from its new start. Bounded: at most
 ``MAX_LINES_PER_S`` lines a second (a burst of one second's worth; what is over is
 counted and said in one line naming the file that has them), ``MAX_LINE_CHARS`` per line,
-``MAX_READ_BYTES`` read per poll. Secrets are replaced by ``<redacted>`` as everywhere
-else (``redact.py``): URL passwords and secret query values, and the literal values of
-the secret levers and environment variables the server was given.
+``MAX_READ_BYTES`` read per poll. Terminal escapes (ANSI CSI, OSC) are dropped and other
+control characters (NUL...) shown as ``\\xNN``: a line cannot paint a fake record on a
+terminal, nor split a journald record. A line's level is its level field's (``ERROR:``
+at its start, ``WARNING`` right after SGLang's ``[time]`` prefix, a ``Traceback``), not
+the word anywhere in it. Secrets are replaced by ``<redacted>`` by the rule
+every path out of the daemon follows (``redact.redact_text``): SGLang's print of its
+``server_args`` (``'api_key': '...'``, any length), URL passwords and secret query
+values, and the literal values of the secret levers and environment variables the
+server was given.
 """
 
 from __future__ import annotations
@@ -25,11 +31,11 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_supervisor.redact import REDACTED, SECRET_LEVERS, redact_text
+from sglang_supervisor.redact import redact_text
 
 log = logging.getLogger("sglang")
 
@@ -39,19 +45,28 @@ MAX_LINE_CHARS = 4000
 #: How far past the cut a line is scrubbed (a URL password or ``api_key='...'`` across it).
 SCRUB_MARGIN = 512
 MAX_READ_BYTES = 1 << 20
-#: A secret shorter than this is not searched for in the text (it would hide "1" or "on").
-MIN_SECRET_CHARS = 6
-_LEVEL = re.compile(r"\b(CRITICAL|ERROR|WARNING|Traceback)\b")
-#: SGLang's own print of a secret flag, ``server_args=ServerArgs(..., api_key='...')``:
-#: hidden whatever its length (a literal search skips values under MIN_SECRET_CHARS).
-_SECRET_NAMES = "|".join(sorted(SECRET_LEVERS))
-_SECRET_ARG = re.compile(rf"\b(?P<head>(?:{_SECRET_NAMES})=)(?P<q>['\"])(?P<value>.*?)(?P=q)")
+#: A line's level field: at its start (uvicorn's ``ERROR:    ...``, Python's default
+#: ``WARNING:root:...``), or right after SGLang's ``[time TP0] `` prefix (a logging config
+#: that prints levels); a traceback's first line. Not the word anywhere in the line: a
+#: request's text or a path saying ERROR made it an error.
+_LEVEL = re.compile(
+    r"^(?:\[[^\]\n]{1,80}\] )?(?P<level>CRITICAL|ERROR|WARNING)\b"
+    r"|^(?P<traceback>Traceback) \(most recent call last\):"
+)
 _LEVELS = {
     "CRITICAL": logging.CRITICAL,
     "ERROR": logging.ERROR,
     "Traceback": logging.ERROR,
     "WARNING": logging.WARNING,
 }
+#: ANSI CSI (``ESC [ ... m``, cursor moves) and OSC (``ESC ] ... BEL``: a terminal's title,
+#: links) sequences: dropped, a terminal showing the journal must not obey the server.
+_ESCAPES = re.compile(
+    r"\x1b\[[0-?]{0,64}[ -/]{0,8}[@-~]?|\x1b\][^\x07\x1b\n]{0,4096}(?:\x07|\x1b\\)?"
+)
+#: Other control characters (NUL splits a journald record; C1's 0x9b is a CSI too),
+#: shown as ``\xNN`` rather than sent; a tab stays.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -64,17 +79,20 @@ class Source:
 
 
 def line_level(line: str) -> int:
-    """SGLang's level of a line (``[time] WARNING ...``, uvicorn's ``ERROR:``); INFO else."""
-    m = _LEVEL.search(line[:200])
-    return _LEVELS[m.group(1)] if m else logging.INFO
+    """The level a line's level field says (``ERROR:    ...``, ``[time TP0] WARNING ...``,
+    a ``Traceback`` line); INFO else."""
+    m = _LEVEL.match(line)
+    if m is None:
+        return logging.INFO
+    return _LEVELS[m.group("level") or m.group("traceback")]
 
 
-def scrub(line: str, secrets: Iterable[str]) -> str:
-    line = _SECRET_ARG.sub(lambda m: f"{m['head']}{m['q']}{REDACTED}{m['q']}", line)
-    for secret in secrets:
-        if len(secret) >= MIN_SECRET_CHARS and secret in line:
-            line = line.replace(secret, REDACTED)
-    return redact_text(line)
+def printable(line: str) -> str:
+    """``line`` without terminal escape sequences, its other control characters shown."""
+    if not _CONTROL.search(line):
+        return line
+    line = _ESCAPES.sub("", line)
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", line)
 
 
 class LogForwarder:
@@ -205,7 +223,9 @@ class LogForwarder:
             # Scrubbed beyond the cut, then cut: a secret across the cut would keep its
             # first part; scrubbing a whole 1 MiB line would cost far more than the cut.
             margin = SCRUB_MARGIN + max((len(x) for x in src.secrets), default=0)
-            text = scrub(line[: MAX_LINE_CHARS + margin], src.secrets)[:MAX_LINE_CHARS]
-            log.log(line_level(line), "[pid %d] %s", src.pid, text, extra={"server_pid": src.pid})
+            text = redact_text(line[: MAX_LINE_CHARS + margin], src.secrets)
+            text = printable(text)[:MAX_LINE_CHARS]
+            level = line_level(printable(line[:200]))
+            log.log(level, "[pid %d] %s", src.pid, text, extra={"server_pid": src.pid})
             logged += 1
         return logged

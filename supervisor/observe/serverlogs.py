@@ -12,15 +12,18 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 from pathlib import Path
 
 PATTERN = "server-*.log"
 
 
 def launch_logs(logs_dir: Path) -> list[Path]:
-    """Launch logs, newest first (names start with the launch time)."""
+    """Launch logs, newest first (names start with the launch time). Regular files only:
+    a symbolic link planted in the directory (to ``/etc/shadow``...) is no launch's log,
+    and ``GET /logs`` must not serve what it points to (the daemon may run as root)."""
     try:
-        files = [p for p in logs_dir.glob(PATTERN) if p.is_file()]
+        files = [p for p in logs_dir.glob(PATTERN) if stat.S_ISREG(p.lstat().st_mode)]
     except OSError:
         return []
     return sorted(files, key=lambda p: p.name, reverse=True)

@@ -10,7 +10,9 @@ answers, the last ``Decode batch, #running-req: ...`` line of the log is the fal
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -116,9 +118,14 @@ def last_decode_line(log_path: Path, max_bytes: int = 256 * 1024) -> Throughput 
 
 
 def tail_lines(path: Path, n: int, max_bytes: int = 1024 * 1024) -> list[str]:
-    """The last ``n`` lines of ``path`` (reading at most ``max_bytes`` from its end)."""
+    """The last ``n`` lines of ``path`` (reading at most ``max_bytes`` from its end); none
+    when it is not a regular file of its own (a symbolic link or a FIFO planted under a
+    launch log's name is neither followed nor waited on)."""
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return []
             f.seek(0, 2)
             size = f.tell()
             f.seek(max(0, size - max_bytes))

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sglang_supervisor.files import FileRefused, read_json
 from sglang_supervisor.planner.model import (
     MiB,
     ModelShape,
@@ -22,6 +23,11 @@ from sglang_supervisor.planner.model import (
     _cfg_opt_int,
     _text_config,
 )
+
+#: A config.json is kilobytes (the largest Hugging Face ones, ~100 KB).
+MAX_CONFIG_BYTES = 4 * MiB
+#: A safetensors index lists every tensor: ~9 MB for the largest checkpoints.
+MAX_INDEX_BYTES = 64 * MiB
 
 _BYTES_PER_DTYPE = {
     "float32": 2,  # SGLang serves fp32 checkpoints in fp16 ("auto")
@@ -157,7 +163,7 @@ def mtp_weight_bytes(path: Path, num_layers: int, nextn: int, total: int) -> int
         return 0
     index = path / "model.safetensors.index.json"
     try:
-        weight_map = json.loads(index.read_text()).get("weight_map") or {}
+        weight_map = read_json(index, "index", max_bytes=MAX_INDEX_BYTES).get("weight_map") or {}
     except (OSError, ValueError, AttributeError):
         weight_map = {}
     by_file: dict[str, set[str]] = {}
@@ -184,7 +190,7 @@ def weight_bytes_from_dir(path: Path) -> tuple[int, str] | None:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
-            data = json.loads(index.read_text())
+            data = read_json(index, "index", max_bytes=MAX_INDEX_BYTES)
             total = int(data["metadata"]["total_size"])
         except (OSError, ValueError, KeyError, TypeError):
             total = 0
@@ -233,13 +239,19 @@ def model_from_config(
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    """A ``config.json`` as a dict; ``PlanError`` saying what is wrong with the file."""
+    """A ``config.json`` as a dict; ``PlanError`` saying what is wrong with the file.
+    Bounded (``files.read_json``): a regular file of at most ``MAX_CONFIG_BYTES``, nested
+    at most 64 levels — POST /plan reads any directory the caller names, as the daemon's
+    user (a 300 MB file, 14 times at once, took the daemon to 2.4 GB; a deeply nested one
+    was a bare 500)."""
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, "model config", max_bytes=MAX_CONFIG_BYTES)
     except FileNotFoundError as exc:
         raise PlanError(f"{path} does not exist: give a model directory with config.json") from exc
     except OSError as exc:
         raise PlanError(f"cannot read {path}: {exc.strerror}") from exc
+    except FileRefused as exc:
+        raise PlanError(str(exc)) from exc
     except ValueError as exc:
         raise PlanError(f"{path} is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):

@@ -30,13 +30,13 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
 
 from sglang_supervisor.config import RouterSettings, ServerSettings
+from sglang_supervisor.files import FileRefused, read_regular
 
 API_KEY_ENV = "SGLANG_SUPERVISOR_ROUTER_API_KEY"
 
@@ -78,11 +78,14 @@ def read_api_key(settings: RouterSettings, env: dict[str, str] | None = None) ->
         return key
     if settings.api_key_file:
         try:
-            return Path(settings.api_key_file).read_text().strip() or None
+            read = read_regular(settings.api_key_file, "router API key file", max_bytes=64 << 10)
+            return read.data.decode(errors="replace").strip() or None
         except OSError as exc:
             raise RouterError(
                 f"cannot read the router's API key from {settings.api_key_file}: {exc.strerror}"
             ) from exc
+        except FileRefused as exc:
+            raise RouterError(str(exc)) from exc
     return None
 
 

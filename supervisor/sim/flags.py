@@ -88,6 +88,33 @@ _VALUE_TYPES: dict[str, Any] = {
 }
 
 
+def merge_config(argv: list[str]) -> list[str]:
+    """``--config FILE`` as SGLang 0.5.23 reads it (``srt/server_args.py:683``,
+    ``srt/utils/server_args_config_parser.py``): the file's flags first, then the command
+    line's (which win), ``--config`` itself left out. The daemon writes its secret flags
+    there as JSON (which is YAML): string values, keys spelt as options (``api-key``).
+    Raises ``ValueError`` naming the file when it does not load."""
+    if "--config" not in argv:
+        return argv
+    at = argv.index("--config")
+    if at + 1 >= len(argv):
+        raise ValueError("No config file specified after --config flag!")
+    path = Path(argv[at + 1])
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the config file {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError("Config file must contain a dictionary at root level")
+    extra: list[str] = []
+    for key, value in data.items():
+        if value is True:
+            extra.append(f"--{key}")
+        elif value is not False:
+            extra += [f"--{key}", str(value)]
+    return [*extra, *argv[:at], *argv[at + 2 :]]
+
+
 def build_parser(schema: FlagSchema | None = None) -> argparse.ArgumentParser:
     """An argparse parser accepting exactly the flags of ``schema`` (default: bundled)."""
     schema = schema or load_bundled()

@@ -189,8 +189,9 @@ class Launcher:
         threading.Thread(
             target=self._http.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
         ).start()
-        args_text = ", ".join(f"{k}={v!r}" for k, v in self.cfg.args.items())
-        log(f"server_args=ServerArgs({args_text})")
+        # SGLang 0.5.23's line (srt/entrypoints/engine.py:311): a dict of every flag, the
+        # secret ones as given (it hides only the watermark's keys).
+        log(f"server_args={dict(self.cfg.args)!r}")
         try:
             self._serve()
             return self._shutdown()  # a prefill can still run out of memory while draining

@@ -52,7 +52,7 @@ import sys
 from collections.abc import Sequence
 
 from sglang_supervisor.sim import capacity
-from sglang_supervisor.sim.flags import ServerConfig, SimEnv, build_parser, log
+from sglang_supervisor.sim.flags import ServerConfig, SimEnv, build_parser, log, merge_config
 from sglang_supervisor.sim.lifecycle import Launcher
 
 __all__ = ["build_parser", "main"]
@@ -61,7 +61,11 @@ __all__ = ["build_parser", "main"]
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse SGLang's flags and the simulation's environment, then serve."""
     parser = build_parser()
-    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))  # exits 2 on error
+    try:
+        args = merge_config(list(sys.argv[1:] if argv is None else argv))
+    except ValueError as exc:
+        parser.error(str(exc))  # exits 2, as SGLang's parser would
+    ns = parser.parse_args(args)  # exits 2 on error
     if ns.model_path is None:
         parser.error("the following arguments are required: --model-path/--model")
     if isinstance(sys.stdout, io.TextIOWrapper):

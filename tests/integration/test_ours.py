@@ -5,6 +5,7 @@ another daemon of the same instance, a server frozen on probation)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import signal
@@ -20,7 +21,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.helpers import Daemon, free_port, wait_until, write_toml
+from sglang_supervisor_api.instance_lock import socket_name
+from tests.helpers import Daemon, free_port, squatter, wait_until, write_toml
 from tests.integration.test_cli import cli
 
 #: A plain HTTP server that answers 200 ``ok`` to every GET (/health_generate included,
@@ -154,12 +156,24 @@ def wait_exit(proc: subprocess.Popen[bytes], timeout: float = 60) -> int:
     )
 
 
+@pytest.mark.parametrize("squatted", [False, True], ids=["alone", "beside-a-squatter"])
 def test_a_second_daemon_of_the_same_instance_exits_and_touches_nothing(
-    daemon_factory: type[Daemon],
+    daemon_factory: type[Daemon], squatted: bool
 ) -> None:
     """Another state dir, the same ``instance`` (a copied config): the newcomer exits 2
-    naming the owner; the first daemon's server keeps its pid."""
-    first = daemon_factory(gpus=2).start()
+    naming the owner; the first daemon's server keeps its pid. And with uid 65534 holding
+    the instance's abstract name first (issue 27 §3: the daemon then exited 2 "already
+    owned", cleanup refused, and RestartPreventExitStatus=2 kept the service down), the
+    first daemon starts all the same and the rule holds against the second."""
+    with contextlib.ExitStack() as stack:
+        first = daemon_factory(gpus=2)
+        if squatted:
+            stack.enter_context(squatter(socket_name(first.instance)))
+        first.start()
+        _second_daemon_refused(daemon_factory, first)
+
+
+def _second_daemon_refused(daemon_factory: type[Daemon], first: Daemon) -> None:
     assert first.proc is not None
     server_pid = first.status()["server"]["pid"]
     second = daemon_factory(gpus=2, extra={"instance": first.instance})

@@ -306,6 +306,7 @@ class FakeProcessOps:
         self.teardowns: list[TeardownReport] = []
         self.default = Behaviour()
         self._plan: deque[Behaviour] = deque()
+        self._when: list[tuple[str, str, Behaviour]] = []
         #: Raised by the next spawn (the program cannot be executed).
         self.spawn_error: Exception | None = None
         #: While set, spawn and teardown wait until the test sets the event (a slow
@@ -319,6 +320,16 @@ class FakeProcessOps:
         self.spawns_begun = 0
         #: Processes not ours listening on the server port (None: one we cannot see).
         self.port_squatters: list[int | None] = []
+
+    def when(self, option: str, value: str, behaviour: Behaviour) -> None:
+        """A launch whose ``option`` is ``value`` behaves so (unless planned otherwise)."""
+        self._when.append((option, value, behaviour))
+
+    def _by_flags(self, argv: Sequence[str]) -> Behaviour:
+        for option, value, behaviour in self._when:
+            if _flag_value(argv, option) == value:
+                return behaviour
+        return self.default
 
     def plan(self, *behaviours: Behaviour) -> None:
         """The next launches behave like this, in order; later ones like ``default``."""
@@ -383,7 +394,7 @@ class FakeProcessOps:
             if self.spawn_error is not None:
                 err, self.spawn_error = self.spawn_error, None
                 raise err
-            behaviour = self._plan.popleft() if self._plan else self.default
+            behaviour = self._plan.popleft() if self._plan else self._by_flags(argv)
             held = self.probe.above_baseline()
             log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(log_path, "a", encoding="utf-8") as f:

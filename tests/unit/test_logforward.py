@@ -183,3 +183,40 @@ def test_long_lines_cost_little_to_scrub(tmp_path: Path) -> None:
     began = time.monotonic()
     assert fwd.poll(src) == 1
     assert time.monotonic() - began < 6.0
+
+
+def test_escapes_and_control_bytes_never_reach_the_journal_and_levels_come_from_the_field(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 27 §6: a server line's ANSI CSI and OSC sequences and NUL went to the journal
+    raw (a line could paint a fake daemon record on a terminal; a NUL splits a journald
+    record), and the word "ERROR" anywhere in a line's first 200 characters made it an
+    error. The level is the level field's: uvicorn's ``ERROR:`` at the start, a level
+    right after SGLang's ``[time]`` prefix, a traceback."""
+    caplog.set_level(logging.INFO, "sglang")
+    path = tmp_path / "server-1.log"
+    path.write_text("")
+    src = Source(path, 5, ())
+    fwd = LogForwarder(lambda: None)
+    fwd.poll(src)
+    lines = {
+        "[2026-12-01 10:00:00] Prefill batch\x1b[2K\x1b[1A\x1b[31m fake\x1b[0m": logging.INFO,
+        "\x1b]0;owned title\x07title\x1b]8;;http://x\x1b\\link": logging.INFO,
+        "nul\x00inside, C1 csi \x9b31m, bell \x07, tab\tkept": logging.INFO,
+        '[2026-12-01 10:00:00] POST /generate "prompt: print ERROR and WARNING"': logging.INFO,
+        "  File /srv/ERROR/x.py, line 3, in WARNING": logging.INFO,
+        "ERROR:    Exception in ASGI application": logging.ERROR,
+        "[2026-12-01 10:00:00 TP0] WARNING the model is large": logging.WARNING,
+        "Traceback (most recent call last):": logging.ERROR,
+    }
+    with path.open("a", newline="") as f:
+        f.write("".join(line + "\n" for line in lines))
+    assert fwd.poll(src) == len(lines)
+    got = [(r.getMessage(), r.levelno) for r in caplog.records if r.name == "sglang"]
+    assert [level for _, level in got] == list(lines.values()), got
+    for message, _ in got:
+        assert not any((ord(c) < 0x20 and c != "\t") or 0x7F <= ord(c) <= 0x9F for c in message)
+    said = [message for message, _ in got]
+    assert said[0] == "[pid 5] [2026-12-01 10:00:00] Prefill batch fake"
+    assert said[1] == "[pid 5] titlelink"
+    assert said[2] == r"[pid 5] nul\x00inside, C1 csi \x9b31m, bell \x07, tab" + "\tkept"

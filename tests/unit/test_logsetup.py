@@ -116,3 +116,22 @@ def test_journald_priorities_only_on_the_journal_stream(
     logging.getLogger("supervisor").warning("careful")
     assert " WARNING supervisor: careful" in other.getvalue()
     assert not other.getvalue().startswith("<")
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_every_line_of_the_daemons_log_is_redacted(fmt: str) -> None:
+    """A reason that quotes the server's log or a command line reaches the journal through
+    the same rule as every answer (issue 27 §1): an operation's end line, a traceback."""
+    out = io.StringIO()
+    setup_logging("info", fmt, stream=out)
+    op = ended(ROLLED_BACK)
+    op.rollback_reason = "exited 1; last line: server_args={'api_key': 'k1', 'port': 1}"
+    log_operation_end(op)
+    try:
+        raise RuntimeError("python -m sglang.launch_server --api-key k2 failed")
+    except RuntimeError:
+        logging.getLogger("supervisor").exception("spawn of %s", "--admin-api-key=k3")
+    text = out.getvalue()
+    for secret in ("'k1'", "k2 ", "=k3"):
+        assert secret not in text, text
+    assert text.count("<redacted>") >= 3 and "'port': 1" in text, text

@@ -10,7 +10,14 @@ import uuid
 import pytest
 
 from sglang_supervisor.host.ports import collides, describe_pid, port_listeners
-from sglang_supervisor_api.instance_lock import InstanceBusy, hold_instance, owner_pid, socket_name
+from sglang_supervisor_api.instance_lock import (
+    InstanceBusy,
+    hold_instance,
+    owner_pid,
+    owners,
+    socket_name,
+)
+from tests.helpers import squatter
 
 
 def test_an_instance_is_held_once_and_names_its_owner() -> None:
@@ -28,6 +35,43 @@ def test_an_instance_is_held_once_and_names_its_owner() -> None:
         held.close()
     # The kernel drops the name with the socket: the next daemon takes it at once.
     hold_instance(instance).close()
+
+
+@pytest.mark.parametrize("how", ["listen", "bind"])
+def test_a_holder_of_another_uid_is_not_an_owner(how: str) -> None:
+    """Issue 27 §3: uid 65534 bound the instance's name first, and the daemon (root) exited
+    2 "already owned by daemon pid N", cleanup refused, and RestartPreventExitStatus=2 kept
+    the service down. Only a holder of the daemon's own uid owns the instance; the daemon
+    holds it under another name, and one-daemon-per-instance still holds."""
+    instance = f"sgs-unit-{uuid.uuid4().hex[:8]}"
+    with squatter(socket_name(instance), how):
+        assert owner_pid(instance) is None  # cleanup is not refused for a squatter
+        first = hold_instance(instance)
+    try:
+        # (The squatter is gone from here on.)
+        assert first.getsockname() != socket_name(instance)
+        assert owner_pid(instance) == os.getpid()
+        assert [h.name for h in owners(instance)] == [first.getsockname()]
+        # A second daemon, taking the instance's own name now, finds the first one.
+        with pytest.raises(InstanceBusy) as caught:
+            hold_instance(instance)
+        assert caught.value.pid == os.getpid()
+    finally:
+        first.close()
+    hold_instance(instance).close()
+
+
+def test_a_second_daemon_finds_the_first_beside_a_squatter() -> None:
+    instance = f"sgs-unit-{uuid.uuid4().hex[:8]}"
+    with squatter(socket_name(instance)):
+        first = hold_instance(instance)
+        try:
+            with pytest.raises(InstanceBusy) as caught:
+                hold_instance(instance)
+            assert caught.value.pid == os.getpid()
+        finally:
+            first.close()
+        hold_instance(instance).close()  # the first gone: the next daemon gets in
 
 
 def test_a_long_instance_name_fits_the_abstract_namespace() -> None:

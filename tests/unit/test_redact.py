@@ -4,9 +4,17 @@ environment variables."""
 
 from __future__ import annotations
 
+import json
 import time
 
-from sglang_supervisor.redact import REDACTED, is_secret_env, redact, redact_text
+from sglang_supervisor.redact import (
+    MAX_KNOWN,
+    REDACTED,
+    is_secret_env,
+    redact,
+    redact_text,
+    remember,
+)
 
 
 def test_secret_levers_env_and_diffs_are_hidden_everything_else_kept() -> None:
@@ -74,3 +82,51 @@ def test_redact_text_is_linear_in_a_long_run_of_letters() -> None:
     assert time.monotonic() - began < 6.0
     # Still found after a long run: the scheme is the run's last 64 characters at most.
     assert redact_text("x" * 300 + "https://u:pw@h/") == "x" * 300 + "https://u:<redacted>@h/"
+
+
+#: Values of every length, with the quotes and backslashes Python's repr escapes; each
+#: starts with "Q", which is nowhere else in the lines.
+VALUES = ["Q", "Q1234", "Qsk-" + "x" * 40, "Qa\"b'c", "Qback\\slash", "Qsp ace", "Qü-ключ"]
+
+
+def test_sglang_prints_of_a_secret_flag_hide_its_value_whatever_its_length() -> None:
+    """SGLang 0.5.23 logs ``server_args=`` and a dict of every flag at start
+    (``srt/entrypoints/engine.py:311``, its ``_server_args_for_logging`` at :173 hides only
+    the watermark's keys); ``ServerArgs.__repr__`` (``srt/server_args.py:307``) prints
+    ``api_key='...'``. A key under six characters passed the journal's scrubber in the
+    first form, and every other path out had no scrubber at all (issue 27 §1)."""
+    for value in VALUES:
+        fields = {"model_path": "m", "api_key": value, "admin_api_key": value, "port": 1}
+        fields |= {"ssl_keyfile_password": None, "tp_size": 8}
+        kwargs = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+        lines = {
+            "0.5.23": f"[2026-12-01 10:00:00] server_args={fields!r}",
+            "repr": f"server_args=ServerArgs({kwargs})",
+            "json": json.dumps({"levers": fields}),
+            "argv": f"launching: python -m sglang.launch_server --api-key {value!r} --port 1",
+            "argv=": f"--admin-api-key={value} --tp 8",
+            "argv list": repr(["--api-key", value, "--tp-size", "8"]),
+            "env": "HF_TOKEN=" + value.replace(" ", "") + " NCCL_DEBUG=INFO",
+        }
+        for form, line in lines.items():
+            out = redact_text(line)
+            assert "Q" not in out and REDACTED in out, (form, out)
+        assert "'model_path': 'm'" in redact_text(lines["0.5.23"])
+        assert "'ssl_keyfile_password': None, 'tp_size': 8" in redact_text(lines["0.5.23"])
+        assert "NCCL_DEBUG=INFO" in redact_text(lines["env"])
+    # Not set is not a secret, and a name that is not secret keeps its value.
+    plain = "server_args={'api_key': None, 'tokenizer_path': 'k1234', 'max_tokens': 5}"
+    assert redact_text(plain) == plain
+
+
+def test_the_values_of_every_launch_are_hidden_wherever_they_appear() -> None:
+    """A traceback or a message may quote a secret in no known form: the values of the
+    launches' secret levers and env (remembered, bounded) are hidden in any text, and so
+    are the daemon's own environment's; a short one is not (it would hide "1")."""
+    remember({"api_key": "sk-remembered-1", "tp_size": 8}, {"HF_TOKEN": "hf_remembered"})
+    text = "401: key sk-remembered-1 refused; token hf_remembered; tp 8; k1"
+    assert redact_text(text) == "401: key <redacted> refused; token <redacted>; tp 8; k1"
+    for n in range(MAX_KNOWN + 1):
+        remember({"api_key": f"sk-later-{n:04d}"}, {})
+    assert "sk-remembered-1" in redact_text("sk-remembered-1")  # the oldest made way
+    assert redact_text("sk-later-0064") == REDACTED

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from sglang_supervisor.observe.telemetry import parse_metrics
+import os
+from pathlib import Path
+
+from sglang_supervisor.observe.telemetry import parse_metrics, tail_lines
 
 #: What SGLang exports with --enable-priority-scheduling: the total under priority="" and
 #: the per-priority breakdown under priority="<n>"
@@ -34,3 +37,16 @@ def test_without_priority_labels_every_rank_is_summed() -> None:
     text = "\n".join(line for line in text.splitlines() if "p=" not in line) + "\n"
     t = parse_metrics(text)
     assert t.running_requests == 84 and t.queued_requests == 7
+
+
+def test_tail_lines_reads_only_a_regular_file_of_its_own(tmp_path: Path) -> None:
+    """A link or a FIFO planted under a launch log's name: the log tail an operation keeps
+    (and ``GET /logs``) neither follows the link nor waits for a writer."""
+    victim = tmp_path / "victim"
+    victim.write_text("secret\n")
+    (tmp_path / "server-1.log").symlink_to(victim)
+    os.mkfifo(tmp_path / "server-2.log")
+    (tmp_path / "server-3.log").write_text("one\ntwo\n")
+    assert tail_lines(tmp_path / "server-1.log", 10) == []
+    assert tail_lines(tmp_path / "server-2.log", 10) == []
+    assert tail_lines(tmp_path / "server-3.log", 1) == ["two"]
