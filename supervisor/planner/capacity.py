@@ -12,7 +12,7 @@ from sglang_supervisor.planner.inputs import lever_bool, lever_float, lever_int
 from sglang_supervisor.planner.memory import sglang_reserve
 from sglang_supervisor.planner.model import ModelSpec
 from sglang_supervisor.planner.nodes import NodeShare
-from sglang_supervisor.planner.pools import pools
+from sglang_supervisor.planner.pools import page_size, pools
 from sglang_supervisor.planner.stopcost import StopBudget
 from sglang_supervisor.sglang.layout import Layout
 
@@ -111,8 +111,7 @@ def capacity(
     """
     lay = Layout.of(levers)
     share = NodeShare.of(levers)
-    is_mla = model.shape.is_mla
-    reserve = sglang_reserve(gpu_bytes, levers, is_mla)
+    reserve = sglang_reserve(gpu_bytes, levers, model.shape)
     explicit = lever_float(levers, "mem_fraction_static")
     source = "lever" if explicit is not None else "SGLang default"
     sized = levers
@@ -138,7 +137,11 @@ def capacity(
         if auto_sized(levers) and host_ram_bytes is not None:
             ratio = max(0.0, auto_ratio(device_bytes, host_ram_bytes, share.ranks_per_node))
         host_tokens = host_pool_tokens(
-            lever_int(levers, "hicache_size") or 0, ratio, tokens, c.exact
+            lever_int(levers, "hicache_size") or 0,
+            ratio,
+            tokens,
+            c.exact,
+            page_size(model, sized),
         )
     per_worker_fit = tokens // max(1, avg_tokens)
     if p.mamba_request_cap is not None:

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_supervisor.planner.dsa import DsaIndexer
+from sglang_supervisor.planner.multimodal import Multimodal
 from sglang_supervisor.units import GB as GB
 from sglang_supervisor.units import GiB as GiB
 from sglang_supervisor.units import MiB as MiB
@@ -85,6 +87,10 @@ class ModelShape:
     kv_cache_quant_algo: str | None = None
     #: Multi-token-prediction layers shipped with the checkpoint (DeepSeek's MTP).
     num_nextn_predict_layers: int = 0
+    #: DeepSeek sparse attention's indexer (V3.2, GLM-5): its key cache per token.
+    dsa: DsaIndexer | None = None
+    #: A multimodal checkpoint (a vision tower...): SGLang's memory rule reads it.
+    multimodal: Multimodal | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -171,6 +177,8 @@ class ModelShape:
             linear_layers=linear if lin is not None else 0,
             kv_cache_quant_algo=kv_quant_algo(config),
             num_nextn_predict_layers=_cfg_int(cfg, "num_nextn_predict_layers", default=0),
+            dsa=DsaIndexer.from_config(config, layers) if kv_lora is not None else None,
+            multimodal=Multimodal.from_config(config),
         )
 
 
