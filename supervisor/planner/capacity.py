@@ -12,7 +12,7 @@ from sglang_supervisor.planner.inputs import lever_bool, lever_float, lever_int
 from sglang_supervisor.planner.memory import sglang_reserve
 from sglang_supervisor.planner.model import ModelSpec
 from sglang_supervisor.planner.nodes import NodeShare
-from sglang_supervisor.planner.pools import page_size, pools
+from sglang_supervisor.planner.pools import page_size, pools, resolved_storage
 from sglang_supervisor.planner.stopcost import StopBudget
 from sglang_supervisor.sglang.layout import Layout
 
@@ -122,6 +122,7 @@ def capacity(
     page = (resolved or {}).get("page_size")
     if lever_int(levers, "page_size") is None and isinstance(page, int) and page > 1:
         sized = {**sized, "page_size": page}  # SGLang's resolved page (its backend's)
+    sized = {**sized, **resolved_storage(levers, resolved)}
     p = pools(model, sized, gpu_bytes)
     c = p.cells
     tokens = p.kv_tokens

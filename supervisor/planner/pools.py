@@ -101,6 +101,25 @@ def loaded_weight_bytes_per_rank(model: ModelSpec, levers: Mapping[str, Any]) ->
     return int(rest + attn // (lay.attn_tp_size * lay.pp_size))
 
 
+#: What SGLang resolves about how KV is stored, taken from its answer when the lever is
+#: unset: the dtype (``auto`` is fp8 for DSA from SM100 on, ``overrides.py:490-547``) and
+#: the DSA backends (which pick the fp8 latent's layout, ``planner.dsa``).
+RESOLVED_STORAGE = ("kv_cache_dtype", "dsa_prefill_backend", "dsa_decode_backend")
+
+
+def resolved_storage(
+    levers: Mapping[str, Any], resolved: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """SGLang's resolved storage settings for the levers that leave them unset."""
+    out: dict[str, Any] = {}
+    for key in RESOLVED_STORAGE:
+        value = (resolved or {}).get(key)
+        unset = levers.get(key) in (None, "auto")
+        if unset and isinstance(value, str) and value and value != "auto":
+            out[key] = value
+    return out
+
+
 def page_size(model: ModelSpec, levers: Mapping[str, Any]) -> int:
     """The pool's page: the lever, else 64 × ``index_kpool`` for a DSA model (``planner.dsa``),
     else 1."""

@@ -63,6 +63,8 @@ KEY_FIELDS = (
     "decode_attention_backend",
     "sampling_backend",
     "kv_cache_dtype",
+    "dsa_prefill_backend",
+    "dsa_decode_backend",
     "tp_size",
     "pp_size",
     "dp_size",

@@ -147,3 +147,19 @@ def test_kimi_k25_weights_are_estimated_within_one_percent() -> None:
     total, how = planner.estimate_weight_bytes(MODELS["Kimi-K2.5"])
     assert total == pytest.approx(554.27 * (1 << 30), rel=0.01)
     assert "4-bit" in how
+
+
+def test_sglangs_resolved_storage_replaces_the_hopper_assumption() -> None:
+    """Where SGLang answers (a Blackwell host: auto is fp8 with TRT-LLM's DSA backends,
+    overrides.py:533-537,721-727), its resolved dtype and backends size the cell; an
+    operator's own kv_cache_dtype wins over them."""
+    model = planner_model("DeepSeek-V3.2")
+    blackwell = {
+        "kv_cache_dtype": "fp8_e4m3",
+        "dsa_prefill_backend": "trtllm",
+        "dsa_decode_backend": "trtllm",
+    }
+    cap = planner.capacity(model, {"tp_size": 8}, H200, 4096, resolved=blackwell)
+    assert cap.kv_cache_dtype == "fp8_e4m3" and cap.cell_bytes == (576 + 132) * 61
+    own = {"tp_size": 8, "kv_cache_dtype": "bfloat16"}
+    assert planner.capacity(model, own, H200, 4096, resolved=blackwell).cell_bytes == 78_324
