@@ -84,6 +84,12 @@ class Capacity:
     attn_dp_size: int
     #: Independent KV pools (request schedulers): replicas × attention-DP groups.
     kv_pools: int
+    #: Where ``kv_tokens_per_rank`` comes from: "formula", "the running server's own
+    #: sizing" (its max_total_num_tokens, for the set it serves) or "formula, scaled by
+    #: the running server's own sizing" (``planner.served``).
+    kv_tokens_source: str = "formula"
+    #: The formula's figure where the server's own replaced it (None otherwise).
+    formula_kv_tokens_per_rank: int | None = None
     #: Nodes the server spans and the ranks on each (``planner.nodes``; 1 and ``ranks``
     #: on one host). Host RAM is each node's own: the host pool's per node.
     nnodes: int = 1
@@ -119,6 +125,11 @@ def capacity(
     if explicit is None and isinstance(sglang_fraction, (int, float)) and sglang_fraction > 0:
         sized = {**levers, "mem_fraction_static": float(sglang_fraction)}
         source = "SGLang's own resolution"
+    served = model.served
+    if served is not None and served.serves(levers) and explicit is None:
+        # The running server's own fraction (its launch log) wins over any rule's.
+        sized = {**levers, "mem_fraction_static": served.sized_fraction}
+        source = "the running server" if served.mem_fraction_static is not None else source
     page = (resolved or {}).get("page_size")
     if lever_int(levers, "page_size") is None and isinstance(page, int) and page > 1:
         sized = {**sized, "page_size": page}  # SGLang's resolved page (its backend's)
@@ -158,7 +169,7 @@ def capacity(
         mem_fraction_source=source,
         safe_mem_fraction=reserve.safe_fraction,
         sglang_default_fraction=p.mem_fraction_static
-        if source == "SGLang's own resolution"
+        if source in ("SGLang's own resolution", "the running server")
         else reserve.sglang_default_fraction,
         planner_rule_fraction=reserve.sglang_default_fraction,
         kv_cache_dtype=c.kv_cache_dtype,
@@ -191,7 +202,23 @@ def capacity(
         nnodes=share.nnodes,
         ranks_per_node=share.ranks_per_node,
         host_ram_needed_bytes_per_node=int(host_tokens * c.exact) * share.ranks_per_node,
+        **_tokens_source(model, levers, tokens),
     )
+
+
+def _tokens_source(model: ModelSpec, levers: Mapping[str, Any], tokens: int) -> dict[str, Any]:
+    """Where a set's KV tokens come from (``Capacity.kv_tokens_source``)."""
+    served = model.served
+    if served is None:
+        return {}
+    if served.serves(levers):
+        return {
+            "kv_tokens_source": "the running server's own sizing",
+            "formula_kv_tokens_per_rank": served.formula_kv_tokens,
+        }
+    if served.unseen_bytes_per_rank:
+        return {"kv_tokens_source": "formula, scaled by the running server's own sizing"}
+    return {}
 
 
 # --- live load ---------------------------------------------------------------------------

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_supervisor.planner.dsa import DsaIndexer
 from sglang_supervisor.planner.multimodal import Multimodal
 from sglang_supervisor.units import GB as GB
 from sglang_supervisor.units import GiB as GiB
 from sglang_supervisor.units import MiB as MiB
+
+if TYPE_CHECKING:
+    from sglang_supervisor.planner.served import ServedSizing
 
 
 class PlanError(ValueError):
@@ -310,6 +313,9 @@ class ModelSpec:
     mtp_weight_bytes: int = 0
     #: Bytes of the attention projections (replicated over attention-DP groups).
     attention_weight_bytes: int = 0
+    #: The running server's own sizing of this model (``planner.served``), when the plan
+    #: is for the server that serves it.
+    served: ServedSizing | None = None
 
     @property
     def architecture(self) -> str:
@@ -341,4 +347,5 @@ class ModelSpec:
             "mtp_weight_bytes": self.mtp_weight_bytes,
             "weight_source": self.weight_source,
             "context_length": self.context_length,
+            "served": None if self.served is None else self.served.to_json(),
         }

@@ -217,7 +217,9 @@ def pools(model: ModelSpec, levers: Mapping[str, Any], gpu_bytes: int) -> Pools:
     fraction = effective_fraction(gpu_bytes, levers, shape)
     weights = loaded_weight_bytes_per_rank(model, levers)
     mm = shape.multimodal.cache_reserve_bytes(levers, {}) if shape.multimodal else 0
-    budget = fraction * gpu_bytes - weights - mm
+    # What the running server's own pool shows the formula counts but it does not have.
+    unseen = model.served.unseen_bytes_per_rank if model.served is not None else 0
+    budget = fraction * gpu_bytes - weights - mm - unseen
     rest = budget
     slots = 0
     if c.mamba_state_bytes:
