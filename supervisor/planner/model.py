@@ -147,7 +147,8 @@ class ModelShape:
                 "config.json has kv_lora_rank (an MLA model) but no qk_rope_head_dim; "
                 "add it from the model card"
             )
-        archs = cfg.get("architectures") or config.get("architectures") or []
+        # SGLang dispatches on the checkpoint's own architecture, not its text config's.
+        archs = config.get("architectures") or cfg.get("architectures") or []
         arch = str(archs[0]) if isinstance(archs, list) and archs else str(cfg.get("model_type"))
         if min(layers, heads, hidden, kv_heads, head_dim) <= 0:
             raise PlanError(
