@@ -129,8 +129,10 @@ def estimate_params(config: Mapping[str, Any]) -> tuple[int, int]:
 
     Counts the attention projections (MHA/GQA, or MLA's low-rank ones), the MLP (dense,
     or MoE: routed + shared experts + router; DeepSeek's ``first_k_dense_replace`` and
-    Qwen's ``mlp_only_layers`` are dense) and the embeddings (doubled unless tied). Norms,
-    biases and multi-token-prediction layers are left out (< 1%).
+    Qwen's ``mlp_only_layers`` are dense; Llama-4 adds a shared expert and interleaves
+    MoE layers every ``interleave_moe_layer_step``), a vision tower and the embeddings
+    (doubled unless tied). Norms, biases and multi-token-prediction layers are left out
+    (< 1%).
     """
     cfg = _text_config(config)
     shape = ModelShape.from_config(config)
@@ -145,16 +147,34 @@ def estimate_params(config: Mapping[str, Any]) -> tuple[int, int]:
         moe_inter = _cfg_int(cfg, "moe_intermediate_size", default=inter)
         shared = _cfg_int(cfg, "n_shared_experts", default=0) * 3 * h * moe_inter
         shared += 3 * h * _cfg_int(cfg, "shared_expert_intermediate_size", default=0)
+        if shape.model_type == "llama4_text" or cfg.get("model_type") == "llama4_text":
+            shared += 3 * h * inter  # Llama-4: one shared expert in every MoE layer
         moe_layer = experts * 3 * h * moe_inter + shared + h * experts
         only_dense = cfg.get("mlp_only_layers")
         dense = _cfg_int(cfg, "first_k_dense_replace", default=0) + (
             len(only_dense) if isinstance(only_dense, list) else 0
         )
+        step = _cfg_int(cfg, "interleave_moe_layer_step", default=1)
+        if step > 1:
+            dense += layers - layers // step  # Llama-4 Maverick: every step-th layer is MoE
         dense = min(dense, layers)
-        mlp = dense * 3 * h * inter + (layers - dense) * moe_layer
+        dense_inter = _cfg_int(cfg, "intermediate_size_mlp", default=inter)
+        mlp = dense * 3 * h * dense_inter + (layers - dense) * moe_layer
     else:
         mlp = layers * 3 * h * inter
-    return attn + mlp, embed
+    return attn + mlp + vision_params(config), embed
+
+
+def vision_params(config: Mapping[str, Any]) -> int:
+    """A vision tower's parameters (in the checkpoint, loaded where SGLang serves the model
+    multimodal): per layer 4 h² of attention and 2 h × intermediate of MLP."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, Mapping):
+        return 0
+    h = _cfg_int(vision, "hidden_size", "vt_hidden_size", default=0)
+    layers = _cfg_int(vision, "num_hidden_layers", "vt_num_hidden_layers", "depth", default=0)
+    inter = _cfg_int(vision, "intermediate_size", "vt_intermediate_size", default=4 * h)
+    return layers * (4 * h * h + 2 * h * inter)
 
 
 def estimate_weight_bytes(config: Mapping[str, Any]) -> tuple[int, str]:

@@ -163,3 +163,25 @@ def test_sglangs_resolved_storage_replaces_the_hopper_assumption() -> None:
     assert cap.kv_cache_dtype == "fp8_e4m3" and cap.cell_bytes == (576 + 132) * 61
     own = {"tp_size": 8, "kv_cache_dtype": "bfloat16"}
     assert planner.capacity(model, own, H200, 4096, resolved=blackwell).cell_bytes == 78_324
+
+
+@pytest.mark.parametrize(
+    ("name", "checkpoint"),
+    [
+        ("Llama-4-Scout", 217_896_800_000),  # 108.9e9 bf16 parameters, text and vision
+        ("Llama-4-Maverick", 801_500_000_000),  # every 2nd layer MoE (interleave step 2)
+    ],
+)
+def test_llama4_weights_are_estimated_with_the_shared_expert_and_interleaving(
+    name: str, checkpoint: int
+) -> None:
+    """Llama-4's MoE layers carry a shared expert of intermediate_size; Maverick's dense
+    layers (every other one) use intermediate_size_mlp; the vision tower is in the
+    checkpoint. At 79a70ae Scout was 203.5 GB (→ 5,227,082 KV tokens per rank at TP8,
+    +1.7% on SGLang's 5,140,689) and Maverick 1,556 GB (nothing fit)."""
+    total, _ = planner.estimate_weight_bytes(MODELS[name])
+    assert total == pytest.approx(checkpoint, rel=0.005)
+    if name == "Llama-4-Scout":
+        model = planner.model_from_config(MODELS[name], name=name, source="config.json")
+        tokens = planner.pools(model, {"tp_size": 8}, H200).kv_tokens
+        assert tokens == pytest.approx(5_140_689, rel=0.005)
