@@ -38,12 +38,14 @@ class Capacity:
     """What one lever set gives, per rank and over the server."""
 
     mem_fraction_static: float
-    #: "lever", "SGLang default" (the planner's copy of the rule) or "SGLang's own
-    #: resolution" (SGLang's answer, where it is installed).
+    #: "lever", "SGLang default" (the planner's copy of the rule), "SGLang's own
+    #: resolution" (SGLang's answer, where it is installed) or "the running server" (its
+    #: launch log, for the set it serves: ``planner.served``).
     mem_fraction_source: str
     safe_mem_fraction: float
-    #: SGLang's own default for this lever set (rounded to 3 decimals): its resolution's
-    #: answer where SGLang is installed, else the planner's copy of its rule.
+    #: SGLang's own default for this lever set (rounded to 3 decimals, then × a vision
+    #: tower's cut, unrounded: ``planner.multimodal``): its resolution's or the running
+    #: server's answer where there is one, else the planner's copy of its rule.
     sglang_default_fraction: float
     #: The planner's copy of SGLang's rule (the fallback).
     planner_rule_fraction: float
