@@ -1,5 +1,6 @@
 """Checks of path- and JSON-valued levers and of the model's config, run *inside the
-server's interpreter* as part of SGLang's resolution probe.
+server's interpreter* as part of SGLang's resolution probe; and which names SGLang's
+raising statement reads (``code_names``: the lever a refusal is about).
 
 ``sglang_supervisor.sglang.resolution_helper`` sends this source with ``resolve_probe.py`` (one
 ``-c`` program), so it imports nothing but the standard library (and, lazily, SGLang and
@@ -11,12 +12,14 @@ what is checked is what the server will find. Which levers and kinds: see
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
 import os
 import re
 import tempfile
+import traceback
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # at run time: the same -c program (resolution_helper.probe_source)
@@ -275,6 +278,59 @@ def model_unreachable(model_path: str) -> str | None:
         f"model_path {model_path!r} is a Hugging Face id whose config is not in the local "
         f"hub cache ({hub_cache_dir()}; the probe never downloads)"
     )
+
+
+#: How many of SGLang's frames, innermost first, are read for the names of a refusal.
+CODE_FRAMES = 3
+
+
+def _names_at(path: str, line: int) -> list[str]:
+    """The attribute and variable names of the statement at ``path:line`` and of the
+    conditions it sits under, innermost first (``assert cfg.tp_size % cfg.attn_dp_size
+    == 0`` -> tp_size, attn_dp_size, ...): what SGLang's rule tested."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return []
+    chain: list[ast.stmt] = []  # the statements enclosing the line, outermost first
+    node: ast.AST = tree
+    while True:
+        inner = [
+            c
+            for c in ast.iter_child_nodes(node)
+            if isinstance(c, ast.stmt) and c.lineno <= line <= (c.end_lineno or c.lineno)
+        ]
+        if not inner:
+            break
+        node = inner[0]
+        chain.append(inner[0])
+    names: list[str] = []
+    for depth, stmt in enumerate(reversed(chain)):
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            break
+        if depth == 0:
+            part: ast.AST = stmt  # the raising statement itself
+        elif isinstance(stmt, ast.If | ast.While):
+            part = stmt.test  # a condition it sits under
+        else:
+            continue
+        for sub in ast.walk(part):
+            name = sub.attr if isinstance(sub, ast.Attribute) else getattr(sub, "id", None)
+            if isinstance(name, str) and name not in names:
+                names.append(name)
+    return names
+
+
+def code_names(exc: BaseException) -> list[list[str]]:
+    """For SGLang's innermost frames of ``exc``: the names its raising statement and
+    enclosing conditions read (the daemon keeps those that are levers)."""
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if "/sglang/" in f.filename.replace(os.sep, "/")
+    ]
+    return [_names_at(f.filename, f.lineno or 0) for f in reversed(frames[-CODE_FRAMES:])]
 
 
 def not_run_item(check: str, reason: str) -> dict[str, str]:

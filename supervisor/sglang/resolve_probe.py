@@ -30,7 +30,6 @@ GPU) is reported in ``not_run`` and never as a refusal.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import io
 import json
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # at run time these come in the same -c program (probe_source)
     from sglang_supervisor.sglang.probe_checks import (
         check_paths,
+        code_names,
         model_unreachable,
         not_run_item,
         with_standins,
@@ -175,59 +175,6 @@ def _where(exc: BaseException) -> tuple[str | None, bool]:
     shown = "sglang/" + path.rsplit("/sglang/", 1)[1] if "/sglang/" in path else path
     own = through_sglang and not any(lib in path for lib in _LIBRARIES)
     return f"{shown}:{inner.lineno} in {inner.name}", own
-
-
-#: How many of SGLang's frames, innermost first, are read for the names of a refusal.
-CODE_FRAMES = 3
-
-
-def _names_at(path: str, line: int) -> list[str]:
-    """The attribute and variable names of the statement at ``path:line`` and of the
-    conditions it sits under, innermost first (``assert cfg.tp_size % cfg.attn_dp_size
-    == 0`` -> tp_size, attn_dp_size, ...): what SGLang's rule tested."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), path)
-    except (OSError, SyntaxError, ValueError):
-        return []
-    chain: list[ast.stmt] = []  # the statements enclosing the line, outermost first
-    node: ast.AST = tree
-    while True:
-        inner = [
-            c
-            for c in ast.iter_child_nodes(node)
-            if isinstance(c, ast.stmt) and c.lineno <= line <= (c.end_lineno or c.lineno)
-        ]
-        if not inner:
-            break
-        node = inner[0]
-        chain.append(inner[0])
-    names: list[str] = []
-    for depth, stmt in enumerate(reversed(chain)):
-        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            break
-        if depth == 0:
-            part: ast.AST = stmt  # the raising statement itself
-        elif isinstance(stmt, ast.If | ast.While):
-            part = stmt.test  # a condition it sits under
-        else:
-            continue
-        for sub in ast.walk(part):
-            name = sub.attr if isinstance(sub, ast.Attribute) else getattr(sub, "id", None)
-            if isinstance(name, str) and name not in names:
-                names.append(name)
-    return names
-
-
-def code_names(exc: BaseException) -> list[list[str]]:
-    """For SGLang's innermost frames of ``exc``: the names its raising statement and
-    enclosing conditions read (the daemon keeps those that are levers)."""
-    frames = [
-        f
-        for f in traceback.extract_tb(exc.__traceback__)
-        if "/sglang/" in f.filename.replace(os.sep, "/")
-    ]
-    return [_names_at(f.filename, f.lineno or 0) for f in reversed(frames[-CODE_FRAMES:])]
 
 
 def _jsonable(value: Any, depth: int = 0) -> Any:
