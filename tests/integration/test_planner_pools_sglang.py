@@ -36,7 +36,9 @@ from sglang_supervisor.sglang.schema import load_bundled
 from tests.planner_cases import CASES, DSV3_MTP, H200, MODELS, WEIGHTS, Case, planner_model
 from tests.sglang_env import ENV, SGLANG_PYTHON, needs_sglang
 
-pytestmark = needs_sglang()
+#: One SGLang process sizes every case (27 resolutions, ≈80 s alone here, minutes beside
+#: other workers on a loaded 2-core host): its fixture outlives pytest's 180 s default.
+pytestmark = [*needs_sglang(), pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = load_bundled()
 
@@ -88,7 +90,7 @@ def sglang_pools(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str
         input=json.dumps(batch),
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=540,
         env=ENV,
         cwd=str(tmp_path_factory.mktemp("cwd")),
     )
