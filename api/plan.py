@@ -30,6 +30,7 @@ from sglang_supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanE
 from sglang_supervisor.planner.hostpool import DevicePool, ratio_host_bytes_per_rank
 from sglang_supervisor.planner.nodes import NodeShare
 from sglang_supervisor.planner.proposal import Resolver, Validator
+from sglang_supervisor.planner.served import read_launch_log, with_served
 from sglang_supervisor.planner.stopcost import StopBudget
 from sglang_supervisor.redact import redact
 from sglang_supervisor.sglang.layout import Layout
@@ -221,6 +222,33 @@ def _hardware(body: PlanRequest, view: SupervisorView, model: ModelSpec | None =
     )
 
 
+def served_model(model: ModelSpec, view: SupervisorView, gpu_bytes: int) -> ModelSpec:
+    """``model`` with the running server's own sizing, when the plan is for the lever set
+    it serves and it reported its pool (``/server_info``'s ``max_total_num_tokens``, else
+    its launch log's); its launch log adds the fraction it resolved and the weights it
+    loaded (``planner.served``). Blocking: reads the launch log."""
+    server = view.server
+    if server is None or view.state != ServerState.READY:
+        return model
+    if server.levers.levers != view.levers.levers:
+        return model  # the figures are another set's
+    log = read_launch_log(server.log_path)
+    tokens = server.max_total_num_tokens or log.kv_tokens
+    if not tokens:
+        return model
+    where = "/server_info" if server.max_total_num_tokens else "its launch log"
+    if log.mem_fraction_static is not None or log.weight_bytes_per_rank is not None:
+        where += f" and the launch log {server.log_path}"
+    return with_served(
+        model,
+        view.levers.levers,
+        gpu_bytes,
+        max_total_num_tokens=int(tokens),
+        log=log,
+        source=where,
+    )
+
+
 def _live(view: SupervisorView) -> LiveLoad | None:
     t = view.throughput
     if view.state != ServerState.READY or t.source is None:
@@ -297,6 +325,10 @@ async def make_plan(
     # (``view`` is a frozen snapshot, safe to read there).
     hardware = await asyncio.to_thread(_hardware, body, view, model if own else None)
     hardware = replace(hardware, stop=stop)
+    if own:
+        # The running server's own sizing (its /server_info and launch log) beats the
+        # formula: the launch log is a file read, off the event loop.
+        model = await asyncio.to_thread(served_model, model, view, hardware.gpu_memory_bytes)
     live = _live(view)
     avg, avg_source = _avg_tokens(body, view, backend, live)
     validate, resolve = oracle if oracle is not None else (None, None)
@@ -322,6 +354,9 @@ async def make_plan(
             f"SGLang {view.schema.sglang_version} has no {', '.join(unknown)}; left out of "
             "the proposal"
         )
+    served = model.served.note() if model.served is not None else None
+    if served is not None:
+        out["notes"].insert(0, served)
     out["sglang"] = None if view.sglang is None else dict(view.sglang)
     out["notes"].extend(sglang_notes(view, asked=validate is not None))
     out["apply"] = {

@@ -1,10 +1,11 @@
 """``sglang-supervisor plan``: KV capacity now and with every helpful lever pulled.
 
-Offline (no ``--url``, no ``--apply``, and ``--model`` or ``--config-json``) the plan is
-computed here from the model, ``--gpus``/``--gpu-memory`` and ``--host-ram`` (default:
-this host's available RAM), for SGLang's defaults at ``tp_size`` = the GPU count; with
-``--nnodes N`` the GPUs and host RAM are one node's and ``tp_size`` = GPUs × N over N
-nodes.
+Offline (no ``--url``, no ``--apply``, and ``--model``, ``--config-json`` or a local
+``model_path`` lever) the plan is computed here from the model, ``--gpus``/``--gpu-memory``
+and ``--host-ram`` (default: this host's available RAM), for the lever set given as
+``apply`` takes it (``--file`` levers.toml, then ``--set LEVER=VALUE``; checked against the
+bundled schema) on SGLang's defaults at ``tp_size`` = the GPU count; with ``--nnodes N``
+the GPUs and host RAM are one node's and ``tp_size`` = GPUs × N over N nodes.
 Otherwise the daemon's ``POST /plan`` computes it against the running server's levers,
 GPUs, host RAM and live load; what is given here overrides those. ``--apply`` submits
 the proposed levers as one apply operation (``POST /levers?wait=true``) and exits 0 only
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from sglang_supervisor_api.cli.client import Client
 from sglang_supervisor_api.cli.exits import EXIT_INVALID, EXIT_OK, UsageError, outcome_exit
+from sglang_supervisor_api.cli.levers_input import lever_changes_from_args
 from sglang_supervisor_api.cli.options import add_client_options
 from sglang_supervisor_api.cli.output import err, out, print_json, show
 from sglang_supervisor_api.cli.plan_render import render_apply, render_plan
@@ -63,6 +65,19 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="offline: a server spanning N nodes (--gpus and --host-ram are one node's)",
     )
+    p.add_argument(
+        "--set",
+        dest="set_",
+        action="append",
+        default=[],
+        metavar="LEVER=VALUE",
+        help="offline: a lever of the set to plan, as apply takes it (VALUE reads like TOML)",
+    )
+    p.add_argument(
+        "--file",
+        type=Path,
+        help="offline: a TOML file with [levers] (and [env]) as apply takes it (--set wins)",
+    )
     p.add_argument("--avg-tokens", type=int, help="average KV tokens per request")
     p.add_argument("--target-concurrency", type=int, help="requests wanted running at once")
     p.add_argument(
@@ -92,6 +107,42 @@ def _read_model(args: argparse.Namespace) -> ModelSpec | None:
             weight_source=how,
         )
     return None
+
+
+def _lever_set(args: argparse.Namespace) -> tuple[Json, Json]:
+    """The levers of ``--file`` and ``--set``, read as ``apply`` reads them and checked
+    against the bundled schema (``UsageError`` naming each bad lever)."""
+    from types import SimpleNamespace
+
+    from sglang_supervisor.sglang.levers import LeverError, LeverSet, check_levers
+    from sglang_supervisor.sglang.schema import load_bundled
+
+    given = SimpleNamespace(file=args.file, set_=args.set_, env=[], unset=[])
+    levers, env = lever_changes_from_args(given)  # type: ignore[arg-type]
+    try:
+        checked = check_levers(LeverSet(levers, env), load_bundled())
+    except LeverError as exc:
+        raise UsageError(
+            "the levers to plan are refused: "
+            + "; ".join(f"{p.lever}: {p.message}" for p in exc.problems)
+        ) from exc
+    return dict(checked.levers), dict(checked.env)
+
+
+def _model_of_levers(levers: Json) -> ModelSpec | None:
+    """The model a ``model_path`` lever names, when it is a local model directory."""
+    from sglang_supervisor import planner
+
+    path = levers.get("model_path")
+    if not isinstance(path, str) or not path:
+        return None
+    local = Path(path).expanduser()
+    if not (local / "config.json").is_file():
+        raise UsageError(
+            f"model_path {path!r} is not a local model directory with a config.json: give "
+            "--model DIR or --config-json FILE to plan offline"
+        )
+    return planner.load_model_dir(local)
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
@@ -126,11 +177,13 @@ def plan_offline(args: argparse.Namespace, model: ModelSpec) -> Json:
         host_ram_source=ram_source,
     )
     avg = args.avg_tokens or planner.DEFAULT_AVG_TOKENS
-    nnodes = args.nnodes or 1
+    levers, env = _lever_set(args)
+    nnodes = args.nnodes or int(levers.get("nnodes") or 1)
     # SGLang's tp_size is the whole server's: every GPU of every node (tp×pp/nnodes per node).
     current: Json = {"tp_size": args.gpus * nnodes}
     if nnodes > 1:
         current["nnodes"] = nnodes
+    current.update(levers)  # the set given, as apply takes it
     plan = planner.propose(
         model,
         hardware,
@@ -139,7 +192,13 @@ def plan_offline(args: argparse.Namespace, model: ModelSpec) -> Json:
         avg_tokens_source="given" if args.avg_tokens else "assumed (pass --avg-tokens)",
         target_concurrency=args.target_concurrency,
     )
-    return plan.to_json()
+    out = plan.to_json()
+    if env:
+        out["notes"].append(
+            f"The server environment given ({', '.join(sorted(env))}) is not planned for: "
+            "the figures are SGLang's defaults for it"
+        )
+    return out
 
 
 def _plan_body(args: argparse.Namespace, model: ModelSpec | None) -> Json:
@@ -175,10 +234,19 @@ def run_plan(args: argparse.Namespace) -> int:
     try:
         _check_numbers(args)
         model = _read_model(args)
-        if args.url is None and not args.apply and model is not None:
+        offline = args.url is None and not args.apply
+        if offline and model is None and (args.set_ or args.file is not None):
+            model = _model_of_levers(_lever_set(args)[0])
+        if offline and model is not None:
             plan = plan_offline(args, model)
             show(plan, render_plan, as_json=args.json)
             return EXIT_OK
+        if args.set_ or args.file is not None:
+            raise UsageError(
+                "--set and --file plan a lever set offline (with --model, --config-json or a "
+                "local model_path, no --url or --apply); the daemon plans for its current "
+                "levers: apply them first"
+            )
         if args.nnodes is not None:
             raise UsageError(
                 "--nnodes is for offline planning (--model or --config-json, no --url or "

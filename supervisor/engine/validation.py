@@ -32,7 +32,7 @@ from sglang_supervisor.sglang.parser import (
     ParserUnavailable,
     check_argv,
     lever_for_message,
-    levers_for_message,
+    refusal_levers,
 )
 from sglang_supervisor.sglang.resolution import (
     GpuFacts,
@@ -218,7 +218,9 @@ async def validate_with_sglang(
 
 def _refusal(parts: Parts, checked: LeverSet, verdict: Verdict) -> LeverProblem:
     message = verdict.message or "refused"
-    named = levers_for_message(message, parts.schema, list(checked.levers), checked.levers)
+    named = refusal_levers(
+        message, parts.schema, list(checked.levers), checked.levers, verdict.code_names
+    )
     lever = named[0] if named else "levers"
     what = {"parse": "parser", "resolve": "launch-time resolution"}.get(
         verdict.stage or "", "launch checks"

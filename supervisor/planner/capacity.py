@@ -12,7 +12,7 @@ from sglang_supervisor.planner.inputs import lever_bool, lever_float, lever_int
 from sglang_supervisor.planner.memory import sglang_reserve
 from sglang_supervisor.planner.model import ModelSpec
 from sglang_supervisor.planner.nodes import NodeShare
-from sglang_supervisor.planner.pools import pools
+from sglang_supervisor.planner.pools import page_size, pools, resolved_storage
 from sglang_supervisor.planner.stopcost import StopBudget
 from sglang_supervisor.sglang.layout import Layout
 
@@ -38,12 +38,14 @@ class Capacity:
     """What one lever set gives, per rank and over the server."""
 
     mem_fraction_static: float
-    #: "lever", "SGLang default" (the planner's copy of the rule) or "SGLang's own
-    #: resolution" (SGLang's answer, where it is installed).
+    #: "lever", "SGLang default" (the planner's copy of the rule), "SGLang's own
+    #: resolution" (SGLang's answer, where it is installed) or "the running server" (its
+    #: launch log, for the set it serves: ``planner.served``).
     mem_fraction_source: str
     safe_mem_fraction: float
-    #: SGLang's own default for this lever set (rounded to 3 decimals): its resolution's
-    #: answer where SGLang is installed, else the planner's copy of its rule.
+    #: SGLang's own default for this lever set (rounded to 3 decimals, then × a vision
+    #: tower's cut, unrounded: ``planner.multimodal``): its resolution's or the running
+    #: server's answer where there is one, else the planner's copy of its rule.
     sglang_default_fraction: float
     #: The planner's copy of SGLang's rule (the fallback).
     planner_rule_fraction: float
@@ -84,6 +86,12 @@ class Capacity:
     attn_dp_size: int
     #: Independent KV pools (request schedulers): replicas × attention-DP groups.
     kv_pools: int
+    #: Where ``kv_tokens_per_rank`` comes from: "formula", "the running server's own
+    #: sizing" (its max_total_num_tokens, for the set it serves) or "formula, scaled by
+    #: the running server's own sizing" (``planner.served``).
+    kv_tokens_source: str = "formula"
+    #: The formula's figure where the server's own replaced it (None otherwise).
+    formula_kv_tokens_per_rank: int | None = None
     #: Nodes the server spans and the ranks on each (``planner.nodes``; 1 and ``ranks``
     #: on one host). Host RAM is each node's own: the host pool's per node.
     nnodes: int = 1
@@ -111,8 +119,7 @@ def capacity(
     """
     lay = Layout.of(levers)
     share = NodeShare.of(levers)
-    is_mla = model.shape.is_mla
-    reserve = sglang_reserve(gpu_bytes, levers, is_mla)
+    reserve = sglang_reserve(gpu_bytes, levers, model.shape)
     explicit = lever_float(levers, "mem_fraction_static")
     source = "lever" if explicit is not None else "SGLang default"
     sized = levers
@@ -120,9 +127,15 @@ def capacity(
     if explicit is None and isinstance(sglang_fraction, (int, float)) and sglang_fraction > 0:
         sized = {**levers, "mem_fraction_static": float(sglang_fraction)}
         source = "SGLang's own resolution"
+    served = model.served
+    if served is not None and served.serves(levers) and explicit is None:
+        # The running server's own fraction (its launch log) wins over any rule's.
+        sized = {**levers, "mem_fraction_static": served.sized_fraction}
+        source = "the running server" if served.mem_fraction_static is not None else source
     page = (resolved or {}).get("page_size")
     if lever_int(levers, "page_size") is None and isinstance(page, int) and page > 1:
         sized = {**sized, "page_size": page}  # SGLang's resolved page (its backend's)
+    sized = {**sized, **resolved_storage(levers, resolved)}
     p = pools(model, sized, gpu_bytes)
     c = p.cells
     tokens = p.kv_tokens
@@ -138,7 +151,11 @@ def capacity(
         if auto_sized(levers) and host_ram_bytes is not None:
             ratio = max(0.0, auto_ratio(device_bytes, host_ram_bytes, share.ranks_per_node))
         host_tokens = host_pool_tokens(
-            lever_int(levers, "hicache_size") or 0, ratio, tokens, c.exact
+            lever_int(levers, "hicache_size") or 0,
+            ratio,
+            tokens,
+            c.exact,
+            page_size(model, sized),
         )
     per_worker_fit = tokens // max(1, avg_tokens)
     if p.mamba_request_cap is not None:
@@ -154,7 +171,7 @@ def capacity(
         mem_fraction_source=source,
         safe_mem_fraction=reserve.safe_fraction,
         sglang_default_fraction=p.mem_fraction_static
-        if source == "SGLang's own resolution"
+        if source in ("SGLang's own resolution", "the running server")
         else reserve.sglang_default_fraction,
         planner_rule_fraction=reserve.sglang_default_fraction,
         kv_cache_dtype=c.kv_cache_dtype,
@@ -187,7 +204,23 @@ def capacity(
         nnodes=share.nnodes,
         ranks_per_node=share.ranks_per_node,
         host_ram_needed_bytes_per_node=int(host_tokens * c.exact) * share.ranks_per_node,
+        **_tokens_source(model, levers, tokens),
     )
+
+
+def _tokens_source(model: ModelSpec, levers: Mapping[str, Any], tokens: int) -> dict[str, Any]:
+    """Where a set's KV tokens come from (``Capacity.kv_tokens_source``)."""
+    served = model.served
+    if served is None:
+        return {}
+    if served.serves(levers):
+        return {
+            "kv_tokens_source": "the running server's own sizing",
+            "formula_kv_tokens_per_rank": served.formula_kv_tokens,
+        }
+    if served.unseen_bytes_per_rank:
+        return {"kv_tokens_source": "formula, scaled by the running server's own sizing"}
+    return {}
 
 
 # --- live load ---------------------------------------------------------------------------

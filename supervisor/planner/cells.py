@@ -5,7 +5,9 @@
 * MHA/GQA: ``max(1, kv_heads // attn_tp) × (head_dim + v_head_dim) × b`` per layer — KV
   heads split over the *attention* TP group (``tp / attn_dp_size``), replicated when
   fewer (``:491-497``, ``get_num_kv_heads(attn_tp_size)``).
-* MLA: ``(kv_lora_rank + qk_rope_head_dim) × b`` per layer, never split (``:359-396``).
+* MLA: ``(kv_lora_rank + qk_rope_head_dim) × b`` per layer, never split (``:359-396``);
+  DSA models add the indexer's key cache and store an fp8 latent with its scales
+  (``planner.dsa``): DeepSeek-V3.2 78,324 B/token in bf16, 48,068 in fp8.
 * Only full-attention layers hold KV in linear-attention hybrids (``:228-236``).
 * Sliding-window hybrids: ``full × full_layers + swa_full_tokens_ratio × swa ×
   swa_layers`` (``:786-803``), a float: 8,294.4 B/token for gpt-oss-120b at TP8 bf16.
@@ -22,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_supervisor.planner import dsa
 from sglang_supervisor.planner.inputs import lever_float, speculative
 from sglang_supervisor.planner.model import ModelShape
 from sglang_supervisor.sglang.layout import Layout
@@ -52,6 +55,8 @@ def effective_kv_dtype(shape: ModelShape, kv_cache_dtype: str | None) -> str:
     algo = (shape.kv_cache_quant_algo or "").upper()
     if dtype == "auto" and algo == "FP8":
         return "fp8_e4m3"
+    if dtype == "auto" and shape.dsa is not None:
+        return dsa.HOPPER_DSA_KV_DTYPE  # arg_groups/overrides.py:533-537 (SM90)
     return dtype
 
 
@@ -77,11 +82,13 @@ class Cells:
     #: One request's linear-attention state on this rank (0 without such layers).
     mamba_state_bytes: int
     kv_cache_dtype: str
+    #: The DSA indexer's key cache per token on this rank (0 without DSA).
+    indexer_bytes: int = 0
 
     @property
     def full_bytes(self) -> int:
-        """Bytes per token of the full pool (target + draft)."""
-        return self.full_per_layer * self.full_layers + self.draft_bytes
+        """Bytes per token of the full pool (target + indexer keys + draft)."""
+        return self.full_per_layer * self.full_layers + self.indexer_bytes + self.draft_bytes
 
     @property
     def swa_bytes(self) -> int:
@@ -110,14 +117,26 @@ def cells(shape: ModelShape, levers: Mapping[str, Any]) -> Cells:
     scale = stage / shape.num_layers
     full_layers = max(0, math.ceil(shape.kv_layers * scale)) if pp > 1 else shape.kv_layers
     swa_layers = math.ceil(shape.swa_layers * scale) if pp > 1 else shape.swa_layers
+    indexer = shape.dsa
     if shape.is_mla:
-        per_layer = ((shape.kv_lora_rank or 0) + (shape.qk_rope_head_dim or 0)) * bits // 8
+        lora, rope = shape.kv_lora_rank or 0, shape.qk_rope_head_dim or 0
+        dim = lora + rope if indexer is None else dsa.latent_dim(lora, rope, bits <= 8, levers)
+        per_layer = dim * bits // 8
     else:
         heads = max(1, shape.num_kv_heads // lay.attn_tp_size)
         per_layer = heads * 2 * shape.head_dim * bits // 8
     drafts = draft_layers(shape, levers)
     draft = 0
-    if drafts:
+    index_bytes = 0
+    if indexer is not None:
+        keeping = shape.num_layers if dsa.every_layer_keeps_keys(levers) else indexer.indexer_layers
+        keeping = math.ceil(keeping * scale) if pp > 1 else keeping
+        index_bytes = indexer.bytes_per_layer() * keeping
+    if drafts and indexer is not None:
+        # pool_configurator.py:281-308: the draft's latent at the target's rate, plus
+        # index keys for every draft layer.
+        draft = per_layer * drafts + indexer.bytes_per_layer() * drafts
+    elif drafts:
         if shape.is_hybrid_swa:
             draft = per_layer * drafts
         elif full_layers > 0:
@@ -136,6 +155,7 @@ def cells(shape: ModelShape, levers: Mapping[str, Any]) -> Cells:
         swa_full_tokens_ratio=DEFAULT_SWA_FULL_TOKENS_RATIO if ratio is None else ratio,
         mamba_state_bytes=mamba,
         kv_cache_dtype=dtype,
+        indexer_bytes=index_bytes,
     )
 
 

@@ -43,15 +43,59 @@ def _linear_bytes_per_param(config: Mapping[str, Any]) -> tuple[float, str]:
     quant = config.get("quantization_config")
     if isinstance(quant, Mapping):
         method = str(quant.get("quant_method") or quant.get("quant_algo") or "").lower()
-        bits = quant.get("bits") or quant.get("w_bit")
+        bits = quant.get("bits") or quant.get("w_bit") or _compressed_tensors_bits(quant)
         if isinstance(bits, int) and not isinstance(bits, bool) and bits > 0:
-            return bits / 8, f"{bits}-bit ({method or 'quantized'})"
+            group = _group_size(quant)
+            # A bf16 scale per group (GPTQ, AWQ, compressed-tensors' group strategy).
+            scales = 2 / group if group else 0.0
+            return bits / 8 + scales, f"{bits}-bit ({method or 'quantized'})"
         if "fp4" in method:
             return 0.5, method
         if "fp8" in method or "int8" in method or method == "w8a8":
             return 1.0, method
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     return float(_BYTES_PER_DTYPE.get(dtype, 2)), dtype
+
+
+def _compressed_tensors_bits(quant: Mapping[str, Any]) -> int | None:
+    """compressed-tensors' weight bits (``config_groups.*.weights.num_bits``), when every
+    group agrees."""
+    groups = quant.get("config_groups")
+    if not isinstance(groups, Mapping):
+        return None
+    bits = {
+        g.get("weights", {}).get("num_bits")
+        for g in groups.values()
+        if isinstance(g, Mapping) and isinstance(g.get("weights"), Mapping)
+    }
+    (only,) = bits if len(bits) == 1 else (None,)
+    return only if isinstance(only, int) and not isinstance(only, bool) else None
+
+
+def _group_size(quant: Mapping[str, Any]) -> int | None:
+    """The weights' quantization group (``group_size``, or compressed-tensors' groups')."""
+    size = quant.get("group_size") or quant.get("q_group_size")
+    groups = quant.get("config_groups")
+    if size is None and isinstance(groups, Mapping):
+        for g in groups.values():
+            weights = g.get("weights") if isinstance(g, Mapping) else None
+            if isinstance(weights, Mapping):
+                size = weights.get("group_size")
+                break
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def _attention_unquantized(quant: Any) -> bool:
+    """Whether the quantization leaves ``self_attn`` in bf16: listed in
+    ``modules_to_not_convert`` (gpt-oss, ModelOpt) or compressed-tensors' ``ignore``
+    (Kimi-K2.5: ``re:.*self_attn.*``)."""
+    if not isinstance(quant, Mapping):
+        return False
+    for key in ("modules_to_not_convert", "ignore"):
+        skipped = quant.get(key)
+        if isinstance(skipped, list) and any("self_attn" in str(m) for m in skipped):
+            return True
+    return False
 
 
 def attention_params(config: Mapping[str, Any], *, all_layers: bool = False) -> int:
@@ -81,9 +125,7 @@ def attention_weight_bytes(config: Mapping[str, Any]) -> int:
     """Bytes of the attention projections: bf16 where the quantization leaves
     ``self_attn`` out (gpt-oss), else the linear layers' precision."""
     per_param, _ = _linear_bytes_per_param(_text_config(config))
-    quant = _text_config(config).get("quantization_config")
-    skipped = quant.get("modules_to_not_convert") if isinstance(quant, Mapping) else None
-    if isinstance(skipped, list) and any("self_attn" in str(m) for m in skipped):
+    if _attention_unquantized(_text_config(config).get("quantization_config")):
         per_param = 2.0
     return int(attention_params(config) * per_param)
 
@@ -93,8 +135,10 @@ def estimate_params(config: Mapping[str, Any]) -> tuple[int, int]:
 
     Counts the attention projections (MHA/GQA, or MLA's low-rank ones), the MLP (dense,
     or MoE: routed + shared experts + router; DeepSeek's ``first_k_dense_replace`` and
-    Qwen's ``mlp_only_layers`` are dense) and the embeddings (doubled unless tied). Norms,
-    biases and multi-token-prediction layers are left out (< 1%).
+    Qwen's ``mlp_only_layers`` are dense; Llama-4 adds a shared expert and interleaves
+    MoE layers every ``interleave_moe_layer_step``), a vision tower and the embeddings
+    (doubled unless tied). Norms, biases and multi-token-prediction layers are left out
+    (< 1%).
     """
     cfg = _text_config(config)
     shape = ModelShape.from_config(config)
@@ -109,23 +153,44 @@ def estimate_params(config: Mapping[str, Any]) -> tuple[int, int]:
         moe_inter = _cfg_int(cfg, "moe_intermediate_size", default=inter)
         shared = _cfg_int(cfg, "n_shared_experts", default=0) * 3 * h * moe_inter
         shared += 3 * h * _cfg_int(cfg, "shared_expert_intermediate_size", default=0)
+        if shape.model_type == "llama4_text" or cfg.get("model_type") == "llama4_text":
+            shared += 3 * h * inter  # Llama-4: one shared expert in every MoE layer
         moe_layer = experts * 3 * h * moe_inter + shared + h * experts
         only_dense = cfg.get("mlp_only_layers")
         dense = _cfg_int(cfg, "first_k_dense_replace", default=0) + (
             len(only_dense) if isinstance(only_dense, list) else 0
         )
+        step = _cfg_int(cfg, "interleave_moe_layer_step", default=1)
+        if step > 1:
+            dense += layers - layers // step  # Llama-4 Maverick: every step-th layer is MoE
         dense = min(dense, layers)
-        mlp = dense * 3 * h * inter + (layers - dense) * moe_layer
+        dense_inter = _cfg_int(cfg, "intermediate_size_mlp", default=inter)
+        mlp = dense * 3 * h * dense_inter + (layers - dense) * moe_layer
     else:
         mlp = layers * 3 * h * inter
-    return attn + mlp, embed
+    return attn + mlp + vision_params(config), embed
+
+
+def vision_params(config: Mapping[str, Any]) -> int:
+    """A vision tower's parameters (in the checkpoint, loaded where SGLang serves the model
+    multimodal): per layer 4 h² of attention and 2 h × intermediate of MLP."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, Mapping):
+        return 0
+    h = _cfg_int(vision, "hidden_size", "vt_hidden_size", default=0)
+    layers = _cfg_int(vision, "num_hidden_layers", "vt_num_hidden_layers", "depth", default=0)
+    inter = _cfg_int(vision, "intermediate_size", "vt_intermediate_size", default=4 * h)
+    return layers * (4 * h * h + 2 * h * inter)
 
 
 def estimate_weight_bytes(config: Mapping[str, Any]) -> tuple[int, str]:
     """Weight bytes estimated from ``config.json`` and a sentence saying how."""
     linear, embed = estimate_params(config)
     per_param, precision = _linear_bytes_per_param(_text_config(config))
-    total = int(linear * per_param + embed * 2)
+    attn = 0
+    if per_param < 2 and _attention_unquantized(_text_config(config).get("quantization_config")):
+        attn = attention_params(config, all_layers=True)  # kept in bf16
+    total = int((linear - attn) * per_param + attn * 2 + embed * 2)
     return total, (
         f"estimated from config.json: {(linear + embed) / 1e9:.1f}e9 parameters, "
         f"{precision} ({per_param:g} B each), ±10%"

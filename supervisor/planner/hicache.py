@@ -110,13 +110,23 @@ def held_host_bytes(
 
 
 def host_pool_tokens(
-    hicache_size_gb: int, hicache_ratio: float | None, device_tokens: int, cell: float
+    hicache_size_gb: int,
+    hicache_ratio: float | None,
+    device_tokens: int,
+    cell: float,
+    page_size: int = 1,
 ) -> int:
     """Tokens one rank's host pool holds: ``hicache_size × 1e9 // cell`` when a size is
-    given (it overrides the ratio), else ``ratio × device tokens`` (ratio 2.0 by default)."""
+    given (it overrides the ratio), else ``ratio × device tokens`` (ratio 2.0 by default);
+    then whole pages and SGLang's padding page (``page_num = size // page + 1``,
+    ``mem_cache/pool_host/base.py:221-229``)."""
     if hicache_size_gb > 0:
-        return int(hicache_size_gb * GB // cell)
-    return int(device_tokens * (DEFAULT_HICACHE_RATIO if hicache_ratio is None else hicache_ratio))
+        size = int(hicache_size_gb * GB // cell)
+    else:
+        ratio = DEFAULT_HICACHE_RATIO if hicache_ratio is None else hicache_ratio
+        size = int(device_tokens * ratio)
+    page = max(1, page_size)
+    return (size // page + 1) * page
 
 
 # --- the host's available RAM, as SGLang bounds it ------------------------------------

@@ -22,7 +22,7 @@ from typing import Any
 
 from sglang_supervisor.planner.inputs import lever_bool, lever_float, lever_int
 from sglang_supervisor.planner.model import GB, ModelSpec
-from sglang_supervisor.planner.pools import pools
+from sglang_supervisor.planner.pools import page_size, pools, resolved_storage
 
 
 @dataclass(frozen=True)
@@ -52,13 +52,14 @@ class DevicePool:
         page = (resolved or {}).get("page_size")
         if lever_int(levers, "page_size") is None and isinstance(page, int) and page > 1:
             sized["page_size"] = page
+        sized.update(resolved_storage(levers, resolved))
         p = pools(model, sized, gpu_bytes)
         return cls(
             tokens=p.kv_tokens,
             swa_tokens=p.swa_tokens,
             full_cell_bytes=p.cells.full_bytes,
             swa_cell_bytes=p.cells.swa_bytes,
-            page_size=max(1, lever_int(sized, "page_size") or 1),
+            page_size=page_size(model, sized),
         )
 
     def host_bytes(self, ratio: float) -> int:

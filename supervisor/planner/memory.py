@@ -1,5 +1,6 @@
 """SGLang 0.5.23's memory rule: the reserve outside ``mem_fraction_static`` and the
-default fraction it implies (``arg_groups/memory_hook.py``; paths under ``sglang/srt/``).
+default fraction it implies (``arg_groups/memory_hook.py``; paths under ``sglang/srt/``),
+lowered for a vision tower (``planner.multimodal``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sglang_supervisor.planner.inputs import deepep, lever_bool, lever_float, lever_int, parse_count
-from sglang_supervisor.planner.model import MiB
+from sglang_supervisor.planner.model import MiB, ModelShape
 from sglang_supervisor.sglang.layout import Layout
 
 #: SGLang's floor on activation tokens, and the smallest chunk the planner proposes.
@@ -94,21 +95,28 @@ class Reserve:
     parts_mib: dict[str, float]
     floor_mib: float
     total_mib: float
+    #: What SGLang multiplies its default by for a vision tower (1.0: not a VLM here).
+    vlm_factor: float = 1.0
 
     @property
     def fraction(self) -> float:
-        """``(total − reserved) / total``, unrounded."""
+        """``(total − reserved) / total``, unrounded (before the vision tower's cut)."""
         return (self.gpu_mib - self.total_mib) / self.gpu_mib
 
     @property
     def sglang_default_fraction(self) -> float:
-        """What SGLang itself picks when ``mem_fraction_static`` is unset (rounded to 3)."""
-        return round(self.fraction, 3)
+        """What SGLang itself picks when ``mem_fraction_static`` is unset: rounded to 3
+        decimals, then × the vision tower's factor, not rounded again
+        (``memory_hook.py:322-336``)."""
+        if self.vlm_factor == 1.0:
+            return round(self.fraction, 3)
+        return round(self.fraction, 3) * self.vlm_factor
 
     @property
     def safe_fraction(self) -> float:
-        """The highest fraction within the reserve, floored to 3 decimals."""
-        return math.floor(self.fraction * 1000) / 1000
+        """The highest fraction within the reserve (and the vision tower's cut), floored
+        to 3 decimals."""
+        return math.floor(self.fraction * self.vlm_factor * 1000) / 1000
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self) | {
@@ -117,15 +125,31 @@ class Reserve:
         }
 
 
-def prefill_graphs_on(levers: Mapping[str, Any]) -> bool:
+#: MoE all-to-all backends breakable prefill graphs are validated with
+#: (``arg_groups/cuda_graph_hook.py:220-227``).
+PREFILL_GRAPH_A2A = ("none", "deepep", "megamoe", "flashinfer")
+
+
+def prefill_graphs_on(levers: Mapping[str, Any], shape: ModelShape | None = None) -> bool:
     """Prefill CUDA graphs: breakable by default on CUDA, off by default with PP
-    (``arg_groups/cuda_graph_hook.py:150-161``), off when disabled by a lever."""
+    (``arg_groups/cuda_graph_hook.py:150-161``) and where breakable capture is
+    incompatible (``:170-249``: decode context parallelism, two-batch overlap, an
+    unvalidated all-to-all backend, a multimodal model SGLang has not validated), off
+    when disabled by a lever."""
     backend = levers.get("cuda_graph_backend_prefill")
     if lever_bool(levers, "disable_cuda_graph") or lever_bool(levers, "disable_prefill_cuda_graph"):
         return False
     if backend is not None:
         return str(backend) != "disabled"
-    return Layout.of(levers).pp_size == 1
+    if Layout.of(levers).pp_size != 1:
+        return False
+    a2a = str(levers.get("moe_a2a_backend") or "none").lower()
+    if (lever_int(levers, "dcp_size") or 1) > 1 or lever_bool(levers, "enable_two_batch_overlap"):
+        return False
+    if a2a not in PREFILL_GRAPH_A2A:
+        return False
+    mm = shape.multimodal if shape is not None else None
+    return mm is None or mm.prefill_graphs(levers)
 
 
 def decode_graphs_on(levers: Mapping[str, Any]) -> bool:
@@ -136,8 +160,9 @@ def decode_graphs_on(levers: Mapping[str, Any]) -> bool:
     )
 
 
-def sglang_reserve(gpu_bytes: int, levers: Mapping[str, Any], is_mla: bool) -> Reserve:
-    """SGLang 0.5.23's reserved memory for ``levers`` (``arg_groups/memory_hook.py``).
+def sglang_reserve(gpu_bytes: int, levers: Mapping[str, Any], shape: ModelShape) -> Reserve:
+    """SGLang 0.5.23's reserved memory for ``levers`` and the model ``shape``
+    (``arg_groups/memory_hook.py``).
 
     reserved (MiB) = 512 (attention metadata) + max(chunked_prefill_size, 2048) × 1.5
     (activations; ``max_prefill_tokens`` when chunking is off; the chunk *before* the
@@ -146,9 +171,11 @@ def sglang_reserve(gpu_bytes: int, levers: Mapping[str, Any], is_mla: bool) -> R
     graphs (8 MiB per captured size; 1536 MiB flat for MLA; +1024 with DeepEP and
     breakable graphs), at least 10 GiB on GPUs over 60 GiB, then + 2048 for DeepEP's
     all-to-all buffers (``:291-317``, ``reserve_for_graph_mb`` ``:357-399``,
-    ``reserve_for_deepep_a2a_mb`` ``:402-414``). Assumed: CUDA, no PD disaggregation, not
-    a VLM, post-capture KV sizing off.
+    ``reserve_for_deepep_a2a_mb`` ``:402-414``); a vision tower then lowers the default
+    fraction (``vlm_factor``, ``planner.multimodal``). Assumed: CUDA, no PD
+    disaggregation, post-capture KV sizing off.
     """
+    is_mla = shape.is_mla
     gpu_mib = gpu_bytes / MiB
     lay = Layout.of(levers)
     tp, pp = lay.tp_size, lay.pp_size
@@ -162,7 +189,7 @@ def sglang_reserve(gpu_bytes: int, levers: Mapping[str, Any], is_mla: bool) -> R
             parse_count(levers.get("max_prefill_tokens")) or 16384, MIN_ACTIVATION_TOKENS
         )
     decode_on = decode_graphs_on(levers)
-    prefill_on = prefill_graphs_on(levers)
+    prefill_on = prefill_graphs_on(levers, shape)
     max_bs = decode_max_bs(gpu_bytes, levers)
     attn_dp = lay.attn_dp_size
     dp_attention = 0.0
@@ -200,6 +227,7 @@ def sglang_reserve(gpu_bytes: int, levers: Mapping[str, Any], is_mla: bool) -> R
         parts_mib=parts | {"deepep_a2a": after_floor},
         floor_mib=floor,
         total_mib=max(raw, floor) + after_floor,
+        vlm_factor=1.0 if shape.multimodal is None else shape.multimodal.vlm_factor(levers),
     )
 
 
@@ -214,12 +242,12 @@ def decode_max_bs(gpu_bytes: int, levers: Mapping[str, Any]) -> int:
     return min(default, running) if running and running > 0 else default
 
 
-def sglang_default_fraction(gpu_bytes: int, levers: Mapping[str, Any], is_mla: bool) -> float:
+def sglang_default_fraction(gpu_bytes: int, levers: Mapping[str, Any], shape: ModelShape) -> float:
     """``mem_fraction_static`` as SGLang 0.5.23 picks it when the lever is unset."""
-    return sglang_reserve(gpu_bytes, levers, is_mla).sglang_default_fraction
+    return sglang_reserve(gpu_bytes, levers, shape).sglang_default_fraction
 
 
-def effective_fraction(gpu_bytes: int, levers: Mapping[str, Any], is_mla: bool) -> float:
+def effective_fraction(gpu_bytes: int, levers: Mapping[str, Any], shape: ModelShape) -> float:
     """The lever's value, else SGLang's default for this lever set."""
     value = lever_float(levers, "mem_fraction_static")
-    return value if value is not None else sglang_default_fraction(gpu_bytes, levers, is_mla)
+    return value if value is not None else sglang_default_fraction(gpu_bytes, levers, shape)

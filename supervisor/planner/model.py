@@ -16,11 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from sglang_supervisor.planner.dsa import DsaIndexer
+from sglang_supervisor.planner.multimodal import Multimodal
 from sglang_supervisor.units import GB as GB
 from sglang_supervisor.units import GiB as GiB
 from sglang_supervisor.units import MiB as MiB
+
+if TYPE_CHECKING:
+    from sglang_supervisor.planner.served import ServedSizing
 
 
 class PlanError(ValueError):
@@ -85,6 +90,10 @@ class ModelShape:
     kv_cache_quant_algo: str | None = None
     #: Multi-token-prediction layers shipped with the checkpoint (DeepSeek's MTP).
     num_nextn_predict_layers: int = 0
+    #: DeepSeek sparse attention's indexer (V3.2, GLM-5): its key cache per token.
+    dsa: DsaIndexer | None = None
+    #: A multimodal checkpoint (a vision tower...): SGLang's memory rule reads it.
+    multimodal: Multimodal | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -138,7 +147,8 @@ class ModelShape:
                 "config.json has kv_lora_rank (an MLA model) but no qk_rope_head_dim; "
                 "add it from the model card"
             )
-        archs = cfg.get("architectures") or config.get("architectures") or []
+        # SGLang dispatches on the checkpoint's own architecture, not its text config's.
+        archs = config.get("architectures") or cfg.get("architectures") or []
         arch = str(archs[0]) if isinstance(archs, list) and archs else str(cfg.get("model_type"))
         if min(layers, heads, hidden, kv_heads, head_dim) <= 0:
             raise PlanError(
@@ -171,6 +181,8 @@ class ModelShape:
             linear_layers=linear if lin is not None else 0,
             kv_cache_quant_algo=kv_quant_algo(config),
             num_nextn_predict_layers=_cfg_int(cfg, "num_nextn_predict_layers", default=0),
+            dsa=DsaIndexer.from_config(config, layers) if kv_lora is not None else None,
+            multimodal=Multimodal.from_config(config),
         )
 
 
@@ -302,6 +314,9 @@ class ModelSpec:
     mtp_weight_bytes: int = 0
     #: Bytes of the attention projections (replicated over attention-DP groups).
     attention_weight_bytes: int = 0
+    #: The running server's own sizing of this model (``planner.served``), when the plan
+    #: is for the server that serves it.
+    served: ServedSizing | None = None
 
     @property
     def architecture(self) -> str:
@@ -333,4 +348,5 @@ class ModelSpec:
             "mtp_weight_bytes": self.mtp_weight_bytes,
             "weight_source": self.weight_source,
             "context_length": self.context_length,
+            "served": None if self.served is None else self.served.to_json(),
         }

@@ -3,7 +3,8 @@
 (Paths under ``sglang/srt/``.) The budget is ``mem_fraction_static × total − weights``
 (``mem_cache/kv_cache_configurator.py:2990-3060``: free memory after loading minus
 ``(1 − fraction) × total``; real SGLang also loses the CUDA context and NCCL buffers,
-1–3 GiB, so its logged ``#tokens`` is a few percent lower). From it:
+1–3 GiB, so its logged ``#tokens`` is a few percent lower), less the multimodal cache of
+a multimodal model (``SGLANG_VLM_CACHE_SIZE_MB``, 100 MiB: ``planner.multimodal``). From it:
 
 * linear-attention hybrids first take the state pool: ``mamba_full_memory_ratio``
   (0.9) / (1 + ratio) of the budget in slots of one request's state
@@ -100,6 +101,34 @@ def loaded_weight_bytes_per_rank(model: ModelSpec, levers: Mapping[str, Any]) ->
     return int(rest + attn // (lay.attn_tp_size * lay.pp_size))
 
 
+#: What SGLang resolves about how KV is stored, taken from its answer when the lever is
+#: unset: the dtype (``auto`` is fp8 for DSA from SM100 on, ``overrides.py:490-547``) and
+#: the DSA backends (which pick the fp8 latent's layout, ``planner.dsa``).
+RESOLVED_STORAGE = ("kv_cache_dtype", "dsa_prefill_backend", "dsa_decode_backend")
+
+
+def resolved_storage(
+    levers: Mapping[str, Any], resolved: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """SGLang's resolved storage settings for the levers that leave them unset."""
+    out: dict[str, Any] = {}
+    for key in RESOLVED_STORAGE:
+        value = (resolved or {}).get(key)
+        unset = levers.get(key) in (None, "auto")
+        if unset and isinstance(value, str) and value and value != "auto":
+            out[key] = value
+    return out
+
+
+def page_size(model: ModelSpec, levers: Mapping[str, Any]) -> int:
+    """The pool's page: the lever, else 64 × ``index_kpool`` for a DSA model (``planner.dsa``),
+    else 1."""
+    explicit = lever_int(levers, "page_size")
+    if explicit is not None and explicit > 0:
+        return explicit
+    return model.shape.dsa.page_size if model.shape.dsa is not None else 1
+
+
 def kv_tokens(
     total_bytes: int, mem_fraction: float, weight_bytes_per_rank: int, cell_bytes: float
 ) -> int:
@@ -185,9 +214,12 @@ def pools(model: ModelSpec, levers: Mapping[str, Any], gpu_bytes: int) -> Pools:
     shape = model.shape
     lay = Layout.of(levers)
     c = cells(shape, levers)
-    fraction = effective_fraction(gpu_bytes, levers, shape.is_mla)
+    fraction = effective_fraction(gpu_bytes, levers, shape)
     weights = loaded_weight_bytes_per_rank(model, levers)
-    budget = fraction * gpu_bytes - weights
+    mm = shape.multimodal.cache_reserve_bytes(levers, {}) if shape.multimodal else 0
+    # What the running server's own pool shows the formula counts but it does not have.
+    unseen = model.served.unseen_bytes_per_rank if model.served is not None else 0
+    budget = fraction * gpu_bytes - weights - mm - unseen
     rest = budget
     slots = 0
     if c.mamba_state_bytes:
@@ -214,7 +246,7 @@ def pools(model: ModelSpec, levers: Mapping[str, Any], gpu_bytes: int) -> Pools:
         tokens = min(tokens, cap)
     # Whole pages only (pool_configurator.py:641-646); the SWA pool is the ratio of the
     # aligned full pool, aligned again (:879-881).
-    page = max(1, lever_int(levers, "page_size") or 1)
+    page = page_size(model, levers)
     tokens = tokens // page * page
     if c.swa_layers and swa_cap is None:
         swa = int(tokens * c.swa_full_tokens_ratio) // page * page

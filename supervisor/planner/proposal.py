@@ -20,7 +20,7 @@ from sglang_supervisor.planner.memory import (
     sglang_default_chunked_prefill,
     sglang_reserve,
 )
-from sglang_supervisor.planner.model import GB, GiB, MiB, ModelSpec, PlanError
+from sglang_supervisor.planner.model import GB, GiB, MiB, ModelShape, ModelSpec, PlanError
 from sglang_supervisor.planner.nodes import NodeShare, candidate_node_problem
 from sglang_supervisor.planner.notes import honest_notes
 from sglang_supervisor.planner.pools import pools
@@ -85,14 +85,16 @@ def hicache_refused(levers: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _chunk_under_floor(gpu_bytes: int, levers: Mapping[str, Any], is_mla: bool, start: int) -> int:
+def _chunk_under_floor(
+    gpu_bytes: int, levers: Mapping[str, Any], shape: ModelShape, start: int
+) -> int:
     """The largest of ``start``, ``start / 2``, ... (≥ 2048) whose reserve stays within
     SGLang's 10 GiB floor; ``start`` when none does, or on GPUs ≤ 60 GiB (no floor)."""
     if gpu_bytes / MiB <= LARGE_GPU_MIB:
         return start
     chunk = start
     while chunk >= MIN_ACTIVATION_TOKENS:
-        reserve = sglang_reserve(gpu_bytes, {**levers, "chunked_prefill_size": chunk}, is_mla)
+        reserve = sglang_reserve(gpu_bytes, {**levers, "chunked_prefill_size": chunk}, shape)
         if reserve.total_mib - reserve.parts_mib.get("deepep_a2a", 0.0) <= reserve.floor_mib:
             return chunk
         chunk //= 2
@@ -110,7 +112,7 @@ def _tune(
 ) -> dict[str, Any]:
     """fp8 KV, chunk, fraction, running requests, graphs and host cache on ``base``."""
     gpu = hardware.gpu_memory_bytes
-    is_mla = model.shape.is_mla
+    shape = model.shape
     new = dict(base)
     lay = Layout.of(new)
     now = capacity(model, new, gpu, avg_tokens)
@@ -119,12 +121,12 @@ def _tune(
     default_chunk = sglang_default_chunked_prefill(gpu / MiB)
     cur_chunk = lever_int(current, "chunked_prefill_size")
     start = cur_chunk if cur_chunk is not None and cur_chunk > 0 else default_chunk
-    chunk = _chunk_under_floor(gpu, new, is_mla, start)
+    chunk = _chunk_under_floor(gpu, new, shape, start)
     if chunk != (cur_chunk if cur_chunk is not None else default_chunk):
         new["chunked_prefill_size"] = chunk
     # Fraction, concurrency and graphs depend on each other: iterate to a fixed point.
     for _ in range(4):
-        new["mem_fraction_static"] = sglang_reserve(gpu, new, is_mla).safe_fraction
+        new["mem_fraction_static"] = sglang_reserve(gpu, new, shape).safe_fraction
         p = pools(model, {**new, "max_running_requests": None}, gpu)
         fit = p.kv_tokens // avg_tokens
         if p.mamba_request_cap is not None:
@@ -141,10 +143,10 @@ def _tune(
         new["max_running_requests"] = running
         new["cuda_graph_max_bs_decode"] = bs
     new["mem_fraction_static"] = min(
-        new["mem_fraction_static"], sglang_reserve(gpu, new, is_mla).safe_fraction
+        new["mem_fraction_static"], sglang_reserve(gpu, new, shape).safe_fraction
     )
     if new["mem_fraction_static"] <= 0:
-        reserve = sglang_reserve(gpu, new, is_mla)
+        reserve = sglang_reserve(gpu, new, shape)
         raise PlanError(
             f"SGLang 0.5.23 reserves {reserve.total_mib:.0f} MiB of each {gpu / MiB:.0f} MiB "
             "GPU for activations and CUDA graphs: nothing is left for the weights and the KV "
@@ -323,7 +325,7 @@ def propose(
         lever_notes=notes,
         notes=honest,
         live=live,
-        reserve=sglang_reserve(gpu, new, model.shape.is_mla).to_json(),
+        reserve=sglang_reserve(gpu, new, model.shape).to_json(),
     )
 
 

@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,6 +185,47 @@ def levers_for_message(
         if dest not in found and not isinstance(value, bool) and named_by_value:
             found.append(dest)
     return found + [d for d in named if d not in found]
+
+
+#: Levers most of SGLang's rules read as context (the model, the TP width): a refusal is
+#: named after them only when it names nothing more specific ("tp_size must be divisible
+#: by attn_cp_size" is about attn_cp_size).
+CONTEXT_LEVERS = ("model_path", "tp_size")
+
+
+def refusal_levers(
+    message: str,
+    schema: FlagSchema,
+    candidates: list[str],
+    values: Mapping[str, Any] | None = None,
+    code_names: Sequence[Sequence[str]] = (),
+) -> list[str]:
+    """The levers an SGLang refusal is about, the one to name first: the request's levers
+    its message spells (as ``--option`` or dest, in its order), then those it names by
+    value or in words that the code that raised it reads (``code_names``: the names the
+    raising statement and its conditions read, innermost frame first, from the probe),
+    the rest the message names, levers the message names beyond the request, the
+    request's levers the code reads, and last the context levers (``CONTEXT_LEVERS``).
+    Empty when nothing names a lever."""
+    named = levers_for_message(message, schema, candidates, values)
+    code: list[str] = []
+    for frame in code_names:
+        code += [n for n in frame if n in schema.flags and n not in code]
+    mine = set(candidates)
+
+    def specific(d: str) -> bool:
+        return d in mine and d not in CONTEXT_LEVERS
+
+    spelled = _named(message, schema, candidates)  # named as --option or dest, in order
+    order = (
+        [d for d in spelled if specific(d)]
+        + [d for d in code if d in named and specific(d)]
+        + [d for d in named if specific(d)]
+        + [d for d in named if d not in mine]
+        + [d for d in code if specific(d)]
+        + [d for d in named + code if d in mine and d in CONTEXT_LEVERS]
+    )
+    return list(dict.fromkeys(order))
 
 
 def _named(message: str, schema: FlagSchema, candidates: list[str]) -> list[str]:

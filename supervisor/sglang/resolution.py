@@ -132,6 +132,9 @@ class Verdict:
     notes: tuple[str, ...] = ()
     sglang_version: str | None = None
     duration_s: float = 0.0
+    #: The names SGLang's raising statement and its conditions read, innermost frame
+    #: first (``resolve_probe.code_names``): which levers its rule tested.
+    code_names: tuple[tuple[str, ...], ...] = ()
 
     @classmethod
     def from_probe(cls, data: Mapping[str, Any], duration_s: float) -> Verdict:
@@ -150,6 +153,11 @@ class Verdict:
             notes=tuple(data.get("notes") or ()),
             sglang_version=data.get("sglang_version"),
             duration_s=duration_s,
+            code_names=tuple(
+                tuple(str(n) for n in frame)
+                for frame in data.get("code_names") or ()
+                if isinstance(frame, list)
+            ),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # at run time these come in the same -c program (probe_source)
     from sglang_supervisor.sglang.probe_checks import (
         check_paths,
+        code_names,
         model_unreachable,
         not_run_item,
         with_standins,
@@ -63,6 +64,8 @@ KEY_FIELDS = (
     "decode_attention_backend",
     "sampling_backend",
     "kv_cache_dtype",
+    "dsa_prefill_backend",
+    "dsa_decode_backend",
     "tp_size",
     "pp_size",
     "dp_size",
@@ -239,6 +242,7 @@ def _stages(args: Any, out: dict[str, Any]) -> dict[str, Any] | None:
                     "message": message,
                     "where": where,
                     "error_type": type(exc).__name__,
+                    "code_names": code_names(exc),
                 }
             else:
                 out["not_run"].append(

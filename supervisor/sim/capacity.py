@@ -199,7 +199,7 @@ def resolve(
     env = os.environ if env is None else env
     host = host_ram_bytes(env) if auto_sized(args) else None
     cap = planner.capacity(model, args, gpu_bytes, 4096, host)
-    reserve = planner.sglang_reserve(gpu_bytes, args, model.shape.is_mla)
+    reserve = planner.sglang_reserve(gpu_bytes, args, model.shape)
     capture = sum(reserve.parts_mib.get(k, 0.0) for k in FIXED_RESERVE_PARTS)
     ratio = planner.lever_float(args, "hicache_ratio")
     log_line = None

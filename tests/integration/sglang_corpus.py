@@ -31,7 +31,8 @@ class Bad(NamedTuple):
     where: str
     #: A piece of SGLang's own message.
     says: str
-    #: The lever the refusal must name.
+    #: The lever the refusal must name: the one SGLang's rule is about (its message, the
+    #: statement that raised it and the conditions around it: parser.refusal_levers).
     lever: str
 
 
@@ -90,7 +91,7 @@ BAD: list[Bad] = [
         {**DS, "attn_dp_size": 3},
         AG + "parallel_hook.py:326 in handle_data_parallelism",
         "AssertionError",
-        "levers",
+        "attn_dp_size",
     ),
     Bad(
         "moe_dense_tp_not_1_or_tp",
@@ -251,14 +252,14 @@ BAD: list[Bad] = [
         {**L8, "disaggregation_mode": "prefill", "disaggregation_transfer_backend": "fake"},
         AG + "pd_disaggregation_hook.py:146 in handle_pd_disaggregation",
         "does not support 'fake'",
-        "disaggregation_mode",
+        "disaggregation_transfer_backend",
     ),
     Bad(
         "tp_not_divisible_by_attention_cp",
         {**L8, "tp_size": 8, "attn_cp_size": 3},
         AG + "parallel_hook.py:159 in handle_context_parallelism",
         "divisible by attn_cp_size",
-        "tp_size",
+        "attn_cp_size",
     ),
     Bad(
         "prefill_kv_dequant_without_nvfp4",
@@ -279,7 +280,7 @@ BAD: list[Bad] = [
         {**L8, "mm_processor_worker_num": -1},
         VH + ":275 in check_server_args",
         "Multimodal processor worker num",
-        "levers",
+        "mm_processor_worker_num",
     ),
     Bad(
         "speculative_window_zero",
@@ -314,14 +315,14 @@ BAD: list[Bad] = [
         {**L8, "enable_lmcache": True, "speculative_algorithm": "NGRAM"},
         AG + "kv_cache_hook.py:450 in handle_cache_compatibility",
         "does not yet support speculative decoding",
-        "levers",
+        "speculative_algorithm",
     ),
     Bad(
         "lmcache_with_attention_dp",
         {**L8, "enable_lmcache": True, "tp_size": 8, "attn_dp_size": 8},
         AG + "kv_cache_hook.py:454 in handle_cache_compatibility",
         "does not yet support DP attention",
-        "levers",
+        "enable_lmcache",
     ),
     # Caught first by the supervisor's own lever limits when they go through the daemon
     # (SGLang's words are quoted there); SGLang's own code refuses them too:

@@ -36,7 +36,15 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return dirs
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+#: The daemon's own resolution path for every case of docs/planner.md's first table; of
+#: issue 26's models (each also resolved by tests/integration/test_planner_pools_sglang.py)
+#: the vision tower's cut and a DSA model, to keep CI's time.
+RESOLVED = [
+    c for c in CASES if c.before is None or c.name in ("Kimi-K2.5 TP8", "DeepSeek-V3.2 TP8 fp8 KV")
+]
+
+
+@pytest.mark.parametrize("case", RESOLVED, ids=lambda c: c.name)
 def test_sglang_resolves_the_fraction_the_planner_predicts(
     resolver: Resolver, model_dirs: dict[str, Path], case: Case
 ) -> None:
@@ -110,3 +118,23 @@ def test_post_plan_for_another_model_asks_sglang_about_that_model(
     finally:
         assert d.stop() == 0
         d.client.close()
+
+
+def test_kimi_k25_proposal_stays_within_sglangs_own_default_for_the_proposed_set(
+    resolver: Resolver, model_dirs: dict[str, Path]
+) -> None:
+    """The founding incident's model: the proposed fraction is never above what SGLang
+    itself picks for exactly the proposed set — its vision tower's cut included
+    (memory_hook.py:331-336, adjust_mem_fraction_for_vlm): at 79a70ae the planner
+    proposed 0.812 for a set SGLang defaults to 0.7396."""
+    hw = planner.Hardware(gpus=8, gpu_memory_bytes=H200, host_ram_available_bytes=408 << 30)
+    plan = planner.propose(planner_model("Kimi-K2.5"), hw, {"tp_size": 8}, avg_tokens=4000)
+    proposed = dict(plan.proposed_levers)
+    fraction = proposed.pop("mem_fraction_static")
+    levers = {"model_path": str(model_dirs["Kimi-K2.5"]), **proposed}
+    argv = render_argv(check_levers(LeverSet(levers), SCHEMA, complete=True), SCHEMA)
+    verdict = resolver.resolve(SGLANG_PYTHON, argv, ENV, GpuFacts.simulated(8, 143771))
+    assert verdict.ok, verdict
+    sglang = verdict.resolved["mem_fraction_static"]
+    assert plan.reserve["sglang_default_fraction"] == pytest.approx(sglang, abs=1e-12)
+    assert fraction <= sglang < 0.886 * 0.91

@@ -25,6 +25,7 @@ from tests.integration.sglang_corpus import (
     CAUGHT_BY_LIMITS,
     GOOD,
     LLAMA_8B,
+    MODELS,
     Bad,
     Good,
 )
@@ -104,6 +105,22 @@ def test_a_model_that_is_not_local_says_what_did_not_run(resolver: Resolver) -> 
     bad = {**hub, "enable_hierarchical_cache": True, "hicache_host_memory_fraction": 1.5}
     v = resolve(resolver, bad)
     assert not v.ok and "hicache_hook.py:117" in (v.where or "")
+
+
+def test_a_rule_only_some_model_families_keep_is_not_run_for_a_hub_id(
+    resolver: Resolver,
+) -> None:
+    """Kimi-K2.5 is MLA: SGLang accepts a hierarchical cache with dcp_size 2 for it
+    (kv_cache_hook's "only supported for MLA models"). Without its config (a hub id not
+    cached), the dense stand-ins refuse it and the MLA MoE stand-in does not: the rule
+    depends on the model, so it is reported as not run, never as a refusal."""
+    levers = {"tp_size": 8, "dcp_size": 2, "enable_hierarchical_cache": True}
+    local = resolve(resolver, {"model_path": str(MODELS / "kimi-k2.5"), **levers})
+    assert local.ok, local
+    hub = resolve(resolver, {"model_path": "moonshotai/Kimi-K2.5", **levers})
+    assert hub.ok, hub
+    (item,) = [n for n in hub.not_run if "only supported for MLA models" in n["reason"]]
+    assert "not under DeepseekV3ForCausalLM" in item["reason"], item
 
 
 WITNESS = """

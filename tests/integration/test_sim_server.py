@@ -231,7 +231,8 @@ def expected_rank_mib(fraction: float) -> int:
 
 def default_rank_mib(tp: int) -> int:
     """What a rank holds without --mem-fraction-static: SGLang's own default fraction."""
-    return expected_rank_mib(planner.sglang_default_fraction(TOTAL_BYTES, {"tp_size": tp}, False))
+    shape = capacity.SIM_MODEL.shape
+    return expected_rank_mib(planner.sglang_default_fraction(TOTAL_BYTES, {"tp_size": tp}, shape))
 
 
 # --- flags, in process -------------------------------------------------------------------

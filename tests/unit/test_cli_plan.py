@@ -160,3 +160,44 @@ def test_offline_llama4_is_planned_as_sglangs_hybrid_swa_model() -> None:
     current = json.loads(out)["current"]
     assert current["cell_bytes_exact"] == 20889.6
     assert current["swa_tokens_per_rank"] > 0
+
+
+KIMI = Path(__file__).resolve().parents[1] / "data" / "models" / "kimi-k2.5"
+
+
+def test_offline_plans_the_lever_set_given_as_apply_takes_it(tmp_path: Path) -> None:
+    """--file then --set (--set wins), lever names as apply reads them, values like TOML;
+    a local model_path lever is the model: Kimi-K2.5 at attention DP 8 + fp8 has SGLang's
+    default fraction 0.6896 (its vision tower's cut), not DeepSeek's 0.758."""
+    levers = tmp_path / "levers.toml"
+    levers.write_text(
+        f'[levers]\nmodel_path = "{KIMI}"\ntp_size = 8\nattn-dp-size = 4\n'
+        '[env]\nNCCL_DEBUG = "INFO"\n'
+    )
+    code, out, err = plan(
+        "--file", str(levers), "--set", "attn_dp_size=8", "--set", "kv_cache_dtype=fp8_e4m3",
+        "--gpus", "8", "--gpu-memory", "140.4", "--host-ram", "408", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["current_levers"] == {
+        "tp_size": 8,
+        "model_path": str(KIMI),
+        "attn_dp_size": 8,
+        "kv_cache_dtype": "fp8_e4m3",
+    }
+    assert data["current"]["attn_dp_size"] == 8 and data["current"]["cell_bytes"] == 35_136
+    assert round(data["current"]["mem_fraction_static"], 4) == 0.6896
+    assert data["model"]["architecture"] == "KimiK25ForConditionalGeneration"
+    assert any("NCCL_DEBUG" in n and "not planned for" in n for n in data["notes"])
+
+
+def test_offline_refuses_levers_apply_would_refuse(tmp_path: Path) -> None:
+    cfg = str(config_file(tmp_path))
+    hw = ("--gpus", "1", "--gpu-memory", "80")
+    code, _, err = plan("--config-json", cfg, *hw, "--set", "mem_fraction=0.9")
+    assert code == 2 and "the levers to plan are refused: mem_fraction" in err
+    code, _, err = plan("--gpus", "1", "--gpu-memory", "80", "--set", "model_path=org/m")
+    assert code == 2 and "model_path 'org/m' is not a local model directory" in err
+    code, _, err = plan("--url", "http://127.0.0.1:1", "--set", "tp_size=2")
+    assert code == 2 and "--set and --file plan a lever set offline" in err

@@ -251,26 +251,32 @@ def test_fp8_doubles_and_fraction_adds_delta_over_cell() -> None:
 def test_sglang_default_fraction_by_hand() -> None:
     # H200, TP 8, everything default: 512 + 8192 × 1.5 + 8/8 × 1024 + 512 × 2 + 58 prefill
     # graph sizes × 8 = 15,312 MiB reserved; (143,771 − 15,312) / 143,771 = 0.8935.
-    r = planner.sglang_reserve(H200, {"tp_size": 8}, is_mla=False)
+    llama = planner.ModelShape.from_config(LLAMA_31_8B)
+    r = planner.sglang_reserve(H200, {"tp_size": 8}, llama)
     assert r.total_mib == 15_312
     assert r.sglang_default_fraction == 0.893
     # The 10 GiB floor: 4096-token chunks on one H100 reserve only 7,680 MiB by the sum.
-    r = planner.sglang_reserve(H100, {"chunked_prefill_size": 4096}, is_mla=False)
+    r = planner.sglang_reserve(H100, {"chunked_prefill_size": 4096}, llama)
     assert sum(r.parts_mib.values()) < 10_240 and r.total_mib == 10_240
     assert r.safe_fraction == 0.874  # floor((81,559 − 10,240) / 81,559, 3 decimals)
     # MLA: 1.5 GiB flat for prefill graphs; below 60 GiB there is no floor.
-    r = planner.sglang_reserve(48 * GiB, {"tp_size": 8}, is_mla=True)
+    r = planner.sglang_reserve(
+        48 * GiB, {"tp_size": 8}, planner.ModelShape.from_config(DEEPSEEK_V3)
+    )
     assert r.floor_mib == 0 and r.parts_mib["prefill_graphs"] == 1536
     assert r.total_mib == 512 + 4096 * 1.5 + 1024 + 160 * 2 + 1536
     # Graphs off: no graph reserve.
-    r = planner.sglang_reserve(H100, {"disable_cuda_graph": True, "tp_size": 1}, is_mla=False)
+    r = planner.sglang_reserve(H100, {"disable_cuda_graph": True, "tp_size": 1}, llama)
     assert r.parts_mib["decode_graphs"] == 0 and r.parts_mib["prefill_graphs"] == 0
 
 
 def test_host_pool_tokens() -> None:
-    assert planner.host_pool_tokens(100, None, 1_000, 20_480) == 100 * GB // 20_480
-    assert planner.host_pool_tokens(0, None, 1_000, 20_480) == 2_000
-    assert planner.host_pool_tokens(0, 3.0, 1_000, 20_480) == 3_000
+    """mem_cache/pool_host/base.py:221-229: the size in whole pages, plus a padding page."""
+    assert planner.host_pool_tokens(100, None, 1_000, 20_480) == 100 * GB // 20_480 + 1
+    assert planner.host_pool_tokens(0, None, 1_000, 20_480) == 2_001
+    assert planner.host_pool_tokens(0, 3.0, 1_000, 20_480) == 3_001
+    # page 64: 3,000 tokens are 46 whole pages (2,944) + the padding page = 3,008.
+    assert planner.host_pool_tokens(0, 3.0, 1_000, 20_480, page_size=64) == 47 * 64
 
 
 def test_live_load_avg_tokens_and_diagnosis() -> None:
@@ -401,8 +407,8 @@ def test_proposal_never_exceeds_host_ram_or_the_safe_fraction(args: tuple[Any, .
         return
     proposed = plan.proposed_levers
     # Within SGLang's reserve for exactly these levers.
-    reserve = planner.sglang_reserve(gpu_bytes, proposed, model.shape.is_mla)
-    assert proposed["mem_fraction_static"] <= reserve.fraction
+    reserve = planner.sglang_reserve(gpu_bytes, proposed, model.shape)
+    assert proposed["mem_fraction_static"] <= reserve.fraction * reserve.vlm_factor
     # Never more pinned host memory than is available after SGLang's margin: the same
     # computation preflight refuses with.
     per_rank = preflight.host_pool_bytes_per_rank(proposed, gpu_bytes, ram)

@@ -32,7 +32,7 @@ def test_cell_fraction_and_tokens_match_sglang(case: Case) -> None:
     assert cap.mem_fraction_static == case.fraction  # SGLang's default, exactly
     assert cap.cell_bytes_exact == pytest.approx(case.cell, rel=1e-9)
     assert cap.cell_bytes == int(case.cell)
-    assert cap.kv_tokens_per_rank == pytest.approx(case.kv_tokens(), rel=0.01)
+    assert cap.kv_tokens_per_rank == case.kv_tokens()
     for key, value in case.extra.items():
         assert getattr(cap, key) == value, key
     if case.max_running is not None:
