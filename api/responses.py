@@ -183,6 +183,12 @@ class DiagnosisModel(_Open):
     )
     message: str
     proposal: str | None = Field(description="what to do (null: nothing)")
+    prefix_cache: dict[str, Any] | None = Field(
+        None,
+        description="the prefix cache over the recent window, from the server's own "
+        "counters (supervisor/planner/prefixcache.py): hit_rate, evicted_tokens_per_s, "
+        "evicted_per_prompt_token, device_retention_s, ...; null: not enough of it yet",
+    )
 
 
 class HistoryAnswer(BaseModel):
