@@ -26,7 +26,9 @@ from sglang_supervisor.engine import PlanInputs, SupervisorView
 from sglang_supervisor.host import preflight
 from sglang_supervisor.host.backend import Backend
 from sglang_supervisor.host.gpu import GpuInfo
+from sglang_supervisor.observe.startuplog import launch_graph_seconds
 from sglang_supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
+from sglang_supervisor.planner.downtime import ServerFacts
 from sglang_supervisor.planner.hostpool import DevicePool, ratio_host_bytes_per_rank
 from sglang_supervisor.planner.nodes import NodeShare
 from sglang_supervisor.planner.proposal import Resolver, Validator
@@ -234,6 +236,7 @@ def _live(view: SupervisorView) -> LiveLoad | None:
         max_total_num_tokens=None if view.server is None else view.server.max_total_num_tokens,
         used_tokens=t.used_tokens,
         kv_pools=Layout.of(view.levers.levers).kv_pools,
+        prefix_cache=None if view.diagnosis is None else view.diagnosis.prefix_cache,
     )
 
 
@@ -279,11 +282,14 @@ async def make_plan(
     backend: Backend,
     oracle: tuple[Validator | None, Resolver | None] | None = None,
     stop: StopBudget | None = None,
+    facts: ServerFacts | None = None,
 ) -> dict[str, Any]:
     """The proposal as JSON. ``PlanError`` when it cannot be made.
 
-    The daemon's state is read on the event loop; reading the model directory runs in a
-    worker thread.
+    The daemon's state is read on the event loop; reading the model directory (and the
+    serving launch's log, for its measured CUDA-graph capture) runs in a worker thread.
+    ``facts``: the daemon's timeouts, router and measured start, for the expected time
+    without service (``PlanInputs.facts``).
     """
     model = await asyncio.to_thread(
         resolve_model,
@@ -300,6 +306,12 @@ async def make_plan(
     live = _live(view)
     avg, avg_source = _avg_tokens(body, view, backend, live)
     validate, resolve = oracle if oracle is not None else (None, None)
+    if facts is not None and own and view.server is not None:
+        each = await asyncio.to_thread(launch_graph_seconds, view.server.log_path)
+        facts = replace(facts, graph_s_each=each)
+    if facts is not None and not own:
+        # Another model than the one serving: its start was not measured here.
+        facts = replace(facts, measured_start_s=None, graph_s_each=None)
     # SGLang's own resolution blocks (seconds the first time): off the event loop.
     plan: Plan = await asyncio.to_thread(
         planner.propose,
@@ -312,6 +324,7 @@ async def make_plan(
         live=live,
         validate=validate,
         resolve=resolve,
+        facts=facts,
     )
     out = plan.to_json()
     unknown = [k for k in plan.levers if k not in view.schema.flags]
@@ -342,7 +355,7 @@ async def post_plan(sup: SupervisorDep, body: PlanRequest | None = None) -> dict
         body = body or PlanRequest()
         inputs = sup.plan_inputs()
         oracle = sglang_oracle(inputs, body)
-        out = await make_plan(body, inputs.view, inputs.backend, oracle, inputs.stop)
+        out = await make_plan(body, inputs.view, inputs.backend, oracle, inputs.stop, inputs.facts)
         # Secrets among the current levers (api_key...) are not shown; the proposal's own
         # levers are capacity levers, kept as they are so they can be sent to POST /levers.
         return {**redact(out), "levers": out["levers"], "apply": out["apply"]}

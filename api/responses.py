@@ -95,6 +95,19 @@ class OperationModel(_Open):
         default_factory=list,
         description="checks of the validate phase that did not run here, each with why",
     )
+    expected_downtime: dict[str, Any] | None = Field(
+        None,
+        description="an apply's expected time without service, stated before the stop: "
+        "seconds (stop -> the new server's ready), complete, until_commit_s, behind_router, "
+        "summary and parts (drain, stop, unpin, release, pin, load, probation: seconds, "
+        "basis, without_service); null: nothing is restarted",
+    )
+    downtime: dict[str, Any] | None = Field(
+        None,
+        description="the time without service it caused, measured: seconds, serving_again "
+        "and intervals (from a stop phase to the start phase that ended ready); null: it "
+        "stopped nothing",
+    )
 
 
 class OperationEnvelope(BaseModel):
@@ -156,6 +169,11 @@ class ServerModel(_Open):
     max_total_num_tokens: int | None = None
     launch_tag: str | None = None
     log_path: str | None = None
+    start_s: float | None = Field(
+        None,
+        description="spawn -> ready of this launch, measured by this daemon (null: adopted): "
+        "the load an apply's expected time without service starts from",
+    )
 
 
 class ThroughputModel(_Open):

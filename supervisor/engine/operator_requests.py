@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_supervisor.engine import checks, transaction
+from sglang_supervisor.engine import checks, downtime, transaction
 from sglang_supervisor.engine.errors import (
     Busy,
     NoSuchOperation,
@@ -105,6 +105,10 @@ async def submit_apply(
     unchanged = not force_restart and checks.serving_unchanged(record, checked)
     if not unchanged and not without_router:
         await checks.router_answers(parts, record)  # LeverError
+    drain = min(max(0.0, drain_timeout_s), parts.settings.timeouts.max_drain_s)
+    if not unchanged:
+        # What it will cost, stated before anything stops (the answer, the page, the CLI).
+        op.expected_downtime = await downtime.expected_for(parts, record, checked, drain)
     if dry_run:
         ops.keep(op)
     else:
@@ -124,7 +128,6 @@ async def submit_apply(
     if unchanged:
         ops.run(op, transaction.keep_serving(record, op))
         return op
-    drain = min(max(0.0, drain_timeout_s), parts.settings.timeouts.max_drain_s)
     apply = transaction.apply(
         parts, record, stop, op, checked, drain, without_router=without_router
     )
