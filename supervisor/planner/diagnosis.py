@@ -28,7 +28,12 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
-from sglang_supervisor.planner.prefixcache import CacheCounters, PrefixEvidence, PrefixWindow
+from sglang_supervisor.planner.prefixcache import (
+    MIN_WINDOW_S,
+    CacheCounters,
+    PrefixEvidence,
+    PrefixWindow,
+)
 
 #: Token usage (the fullest DP worker's pool) above which a queue means KV-bound.
 KV_BOUND_TOKEN_USAGE = 0.95
@@ -188,7 +193,10 @@ class Diagnoser:
                 self.current.message,
                 self.current.proposal,
             )
-        self.current = replace(self.current, prefix_cache=self.prefix.evidence())
+        # Over the same hold as the kind's (the alert's ``for:``), at least 20 s of it.
+        hold = self.hold_s
+        evidence = self.prefix.evidence(hold, min(MIN_WINDOW_S, hold))
+        self.current = replace(self.current, prefix_cache=evidence)
 
     def _diagnosis(
         self,

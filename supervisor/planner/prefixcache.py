@@ -37,9 +37,10 @@ from typing import Any, NamedTuple, Protocol
 MIN_HIT_RATE = 0.10
 #: Device tokens evicted per prompt token from which the device pool counts as evicting.
 MIN_EVICTED_PER_PROMPT_TOKEN = 0.10
-#: The evidence is read over this much of the recent past (the diagnosis's hold, 3 min)...
+#: The evidence is read over this much of the recent past (the diagnosis's hold, 3 min
+#: by default: ``[timeouts] diagnosis_hold_s``)...
 WINDOW_S = 180.0
-#: ...and needs at least this much of it.
+#: ...and needs at least this much of it (or the whole hold, when shorter).
 MIN_WINDOW_S = 20.0
 #: Samples kept: more than ``WINDOW_S`` at the telemetry's 2 s.
 MAX_SAMPLES = 128
@@ -149,16 +150,20 @@ class PrefixWindow:
             self._samples.clear()
         self._samples.append(s)
 
-    def evidence(self, window_s: float = WINDOW_S) -> PrefixEvidence | None:
-        """The evidence over the last ``window_s`` (None: less than ``MIN_WINDOW_S`` of
-        samples, or no prompt tokens in it)."""
+    def evidence(
+        self, window_s: float = WINDOW_S, min_s: float = MIN_WINDOW_S
+    ) -> PrefixEvidence | None:
+        """The evidence over the last ``window_s`` (None: less than ``min_s`` of samples,
+        or no prompt tokens in it)."""
         if not self._samples:
             return None
         last = self._samples[-1]
-        inside = [s for s in self._samples if s.t >= last.t - window_s]
+        # From the newest sample at least ``window_s`` old (the samples come every 2 s).
+        older = [i for i, s in enumerate(self._samples) if s.t <= last.t - window_s]
+        inside = list(self._samples)[older[-1] if older else 0 :]
         first = inside[0]
         span = last.t - first.t
-        if span < MIN_WINDOW_S or last.prompt is None or first.prompt is None:
+        if span <= 0 or span < min_s or last.prompt is None or first.prompt is None:
             return None
         prompt = last.prompt - first.prompt
         if prompt <= 0:
@@ -167,8 +172,9 @@ class PrefixWindow:
         def rate(a: float | None, b: float | None) -> float | None:
             return None if a is None or b is None else max(0.0, b - a) / span
 
-        if last.cached is not None and first.cached is not None:
-            hit: float | None = max(0.0, last.cached - first.cached) / prompt
+        if last.cached is not None:
+            # SGLang exports the counter from its first cached token on: absent before, 0.
+            hit: float | None = max(0.0, last.cached - (first.cached or 0.0)) / prompt
             source = "sglang:cached_tokens_total / sglang:prompt_tokens_total"
         else:
             rates = [s.hit_rate for s in inside if s.hit_rate is not None]
