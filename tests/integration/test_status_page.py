@@ -282,6 +282,10 @@ def test_status_page_through_a_kv_bound_incident(
         p.wait("!!document.querySelector('#plan-changes tr[data-change=\"kv_cache_dtype\"]')", 15)
         assert p.text("#plan-changes tr[data-change='kv_cache_dtype']").endswith("→ fp8_e4m3")
         assert p.js("document.getElementById('plan-apply').disabled"), "apply before a dry run"
+        # Its cost before the click: the time without service, and why a host cache (not).
+        cost = p.text("#plan-downtime")
+        assert cost.startswith("Cost: ") and "without service" in cost and "stop" in cost, cost
+        assert p.text("#plan-host-cache").startswith(("No host cache: ", "Host cache proposed: "))
         p.screenshot(shots / "status-page-kv-bound.png")
 
         # One click: the dry run of the plan (validate + preflight; nothing stops).
@@ -291,7 +295,12 @@ def test_status_page_through_a_kv_bound_incident(
         # Apply asks first; "no" changes nothing.
         p.click("#plan-apply")
         p.wait("document.getElementById('confirm-box').style.display === 'block'", 5)
-        assert "server restarts" in p.text("#confirm-text")
+        confirm = p.text("#confirm-text")
+        assert "server restarts" in confirm
+        # A lone server is not drained first (docs/router.md): the confirmation says so.
+        assert "drained first" not in confirm and "no router in front of this server" in confirm
+        assert "requests in flight: SGLang serves on while it drains" in confirm, confirm
+        assert "without service" in confirm
         p.click("#confirm-yes")
         # The header shows the apply and its phase, not the server's "ready".
         p.wait(
@@ -316,6 +325,12 @@ def test_status_page_through_a_kv_bound_incident(
         )
         assert "kv_cache_dtype (unset) → fp8_e4m3" in diff, diff
         assert "mem_fraction_static 0.85 → 0.928" in diff, diff
+        # The row says how long it was without service, measured, and what it expected.
+        down = p.js(
+            "[...document.querySelectorAll('#operations tbody tr')]"
+            ".find(r => r.children[1].innerText === 'apply').children[6].innerText"
+        )
+        assert re.fullmatch(r"\d+\.\d s \(expected \d+(\.\d+)? s\)", down), down
         # The banner clears once the new levers carry the load (the kind must hold too).
         p.wait(f"{DIAGNOSIS}.dataset.kind === 'not_saturated'", 40, "the banner to clear")
         assert p.js(f"{DIAGNOSIS}.style.display") == "none"
