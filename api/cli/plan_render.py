@@ -238,8 +238,10 @@ def downtime_line(op: Json) -> str | None:
         return None
     said = []
     if isinstance(measured, dict):
-        still = "" if measured.get("serving_again") else ", nothing serving at its end"
-        said.append(f"{measured['seconds']:.1f} s measured (stop -> ready{still})")
+        span = (
+            "stop -> ready" if measured.get("serving_again") else "stop -> its end: nothing serves"
+        )
+        said.append(f"{measured['seconds']:.1f} s measured ({span})")
     if isinstance(expected, dict):
         said.append(f"expected {expected['summary']}")
     return "without service: " + "; ".join(said)

@@ -80,7 +80,14 @@ def effects_and_costs(
     for lever, value in changes.items():
         levers[lever] = value
         if lever in _HOST_CACHE:
-            out[lever] = to_json(*_host_cache(now, after, facts.rates, evidence))
+            first = next(k for k in changes if k in _HOST_CACHE)
+            if lever == first:
+                out[lever] = to_json(*_host_cache(now, after, facts.rates, evidence))
+            else:  # one host pool: its effect and cost are stated once
+                out[lever] = {
+                    "effect": None,
+                    "cost": asdict(Cost(0.0, 0.0, f"counted with {first}")),
+                }
             continue
         step = capacity(model, levers, gpu, avg, host)
         if lever == "cuda_graph_max_bs_decode":
@@ -125,13 +132,14 @@ def _graphs(before: Capacity, step: Capacity, facts: ServerFacts) -> tuple[Effec
         f"(now up to {before.cuda_graph_max_bs_decode}); larger ones run eagerly, slower",
     )
     more = (new or 0) - (old or 0)
+    what = f"{more} more" if more >= 0 else f"{-more} fewer"
     if facts.graph_s_each is None:
-        cost = Cost(0.0, None, f"{more:+d} decode graphs to capture at start (not timed here)")
+        cost = Cost(0.0, None, f"{what} decode graphs to capture at start (not timed here)")
     else:
         cost = Cost(
             0.0,
             more * facts.graph_s_each,
-            f"{more:+d} decode graphs × {facts.graph_s_each:.2f} s each (the serving server's "
+            f"{what} decode graphs × {facts.graph_s_each:.2f} s each (the serving server's "
             "capture, from its log)",
         )
     return effect, cost
@@ -163,7 +171,7 @@ def _host_cache(
         text = (
             f"evicted prefixes kept ≈{longer:,.0f} s more in host RAM ({host_tokens:,} "
             f"tokens at today's {evidence.evicted_tokens_per_s or 0:,.0f} evicted/s"
-            + (f"; ≈{kept:.1f} s in the device pool now)" if kept is not None else ")")
+            + (f"; ≈{kept:.2g} s in the device pool now)" if kept is not None else ")")
             + ": reused ones load back instead of being recomputed, so the hit rate rises "
             "and prefills shrink; not more requests at once"
         )

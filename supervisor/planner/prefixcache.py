@@ -233,7 +233,7 @@ def host_cache_verdict(evidence: PrefixEvidence | None) -> HostCacheVerdict:
             "host cache would add nothing",
         )
     kept = evidence.retention_s(evidence.evictable_tokens)
-    lasts = "" if kept is None else f"; a prefix lasts ≈{kept:.1f} s in the device pool"
+    lasts = "" if kept is None else f"; an evicted prefix lasts ≈{kept:.2g} s in the device pool"
     return HostCacheVerdict(
         True,
         f"prompts share prefixes (cache hit rate {hit:.2f}) and the device pool evicts "

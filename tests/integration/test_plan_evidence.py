@@ -58,11 +58,11 @@ def test_the_host_cache_is_proposed_on_evidence_and_its_cost_is_rehearsed(
     assert shared["host_cache"]["supported"] is True, shared["host_cache"]
     assert shared["levers"]["enable_hierarchical_cache"] is True
     notes = {n["lever"]: n for n in shared["lever_notes"]}
-    cost = notes["hicache_size"]["cost"]
+    cost = notes["enable_hierarchical_cache"]["cost"]
     pinned_gib = shared["proposed"]["host_ram_needed_bytes_per_node"] / 2**30
     assert cost["start_s"] == round(PIN_S_PER_GIB * pinned_gib, 1) > 0
     assert "[sim] pin_s_per_gib" in cost["basis"]
-    assert notes["hicache_size"]["effect"]["unit"] == "cache hit rate"
+    assert notes["enable_hierarchical_cache"]["effect"]["unit"] == "cache hit rate"
 
     r = d.apply(shared["levers"])
     op = r.json()["operation"]

@@ -47,8 +47,12 @@ def test_shared_prefixes_lost_to_eviction_get_the_host_cache_with_its_cost() -> 
     p = plan(kv_bound(REUSED_PREFIXES_EVICTED))
     assert set(p.levers) >= HOST_CACHE
     notes = {n.lever: n for n in p.lever_notes}
-    hicache = notes["hicache_size"]
+    hicache = notes["enable_hierarchical_cache"]
     assert hicache.effect is not None and hicache.cost is not None
+    # One host pool: stated once, not twice (hicache_size's own note points there).
+    size_cost = notes["hicache_size"].cost
+    assert size_cost is not None and size_cost["start_s"] == 0
+    assert size_cost["basis"] == "counted with enable_hierarchical_cache"
     assert hicache.effect["unit"] == "cache hit rate" and hicache.effect["now"] == 0.28
     assert "not more requests at once" in hicache.effect["text"]
     pinned = p.proposed.host_ram_needed_bytes_per_node / GiB
