@@ -96,10 +96,11 @@ class JsonFormatter(_JsonFormatter):
         log_data["time"] = created.isoformat(timespec="milliseconds")
         super().add_fields(log_data, record, message_dict)
 
-    def formatException(self, ei: Any) -> str:  # noqa: N802 (logging's name)
+    def formatException(self, ei: Any) -> str:
         # python-json-logger formats the traceback anew rather than reading the
-        # ``exc_text`` the Redacting filter left: hide secrets here too.
-        return redact_text(super().formatException(ei))
+        # ``exc_text`` the Redacting filter left: hide secrets here too (one string:
+        # ``exc_info_as_array`` is off).
+        return redact_text(str(super().formatException(ei)))
 
 
 class _Journal(logging.Formatter):

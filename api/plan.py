@@ -19,14 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
-from pydantic import BaseModel, ConfigDict, Field
 
 from sglang_supervisor import planner
 from sglang_supervisor.engine import PlanInputs, SupervisorView
 from sglang_supervisor.host import preflight
 from sglang_supervisor.host.backend import Backend
 from sglang_supervisor.host.gpu import GpuInfo
+from sglang_supervisor.observe.startuplog import launch_graph_seconds
 from sglang_supervisor.planner import Hardware, LiveLoad, ModelSpec, Plan, PlanError
+from sglang_supervisor.planner.downtime import ServerFacts
 from sglang_supervisor.planner.hostpool import DevicePool, ratio_host_bytes_per_rank
 from sglang_supervisor.planner.nodes import NodeShare
 from sglang_supervisor.planner.proposal import Resolver, Validator
@@ -37,84 +38,14 @@ from sglang_supervisor.sglang.layout import Layout
 from sglang_supervisor.sglang.resolution import Verdict
 from sglang_supervisor.states import ServerState
 from sglang_supervisor.units import GiB
+from sglang_supervisor_api.plan_request import PlanRequest, resolve_model
 from sglang_supervisor_api.routes import SupervisorDep
 
 router = APIRouter()
 
 
-class PlanRequest(BaseModel):
-    """``POST /plan``: every field optional; unset ones come from the running daemon."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    #: A local model directory *on the daemon's host* (config.json, safetensors).
-    model: str | None = None
-    #: An inline config.json (instead of ``model``).
-    config_json: dict[str, Any] | None = None
-    #: With ``config_json``: the weights' total bytes, when known (else estimated).
-    weight_bytes: int | None = Field(None, gt=0)
-    #: With ``config_json``: how ``weight_bytes`` was found, and the model's name.
-    weight_source: str | None = None
-    name: str | None = None
-    gpus: int | None = Field(None, ge=1, le=4096)
-    gpu_memory_gib: float | None = Field(None, gt=0, le=100_000)
-    host_ram_gib: float | None = Field(None, gt=0, le=1_000_000)
-    avg_tokens: int | None = Field(None, ge=1, le=100_000_000)
-    target_concurrency: int | None = Field(None, ge=1, le=10_000_000)
-
-
 def _refused(message: str) -> HTTPException:
     return HTTPException(status_code=422, detail={"message": message})
-
-
-def hf_cached_model_dir(repo_id: str) -> Path | None:
-    """The newest snapshot of ``repo_id`` in the Hugging Face cache that has a config.json."""
-    if repo_id.count("/") != 1:
-        return None
-    home = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub"
-    )
-    snapshots = Path(home) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
-    try:
-        found = [d for d in snapshots.iterdir() if (d / "config.json").is_file()]
-    except OSError:
-        return None
-    return max(found, key=lambda d: d.stat().st_mtime) if found else None
-
-
-def resolve_model(
-    body: PlanRequest, *, model_path: str, backend: Backend, env: dict[str, str]
-) -> ModelSpec:
-    """The model to plan for (blocking: reads the model directory). ``model_path`` and
-    ``env`` are the current levers' (``env`` merged onto the daemon's and the backend's);
-    a backend that serves its own model (the simulated one) resolves it.
-    ``PlanError`` says why none could be found."""
-    if body.model is not None and body.config_json is not None:
-        raise PlanError("give either model (a directory) or config_json, not both")
-    if body.config_json is not None:
-        return planner.model_from_config(
-            body.config_json,
-            name=body.name or str(body.config_json.get("_name_or_path") or "inline config"),
-            source="the config.json in the request",
-            weight_bytes=body.weight_bytes,
-            weight_source=body.weight_source or ("given" if body.weight_bytes else None),
-        )
-    if body.model is not None:
-        return planner.load_model_dir(Path(body.model).expanduser())
-    if backend.plan_model is not None:
-        # What the backend's server itself resolves, from the environment it is given.
-        return backend.plan_model(model_path, env)
-    local = Path(model_path).expanduser()
-    if model_path and (local / "config.json").is_file():
-        return planner.load_model_dir(local)
-    cached = hf_cached_model_dir(model_path) if model_path else None
-    if cached is not None:
-        return planner.load_model_dir(cached)
-    raise PlanError(
-        f"the current model_path {model_path!r} is neither a local directory with a "
-        "config.json nor in this host's Hugging Face cache; pass model (a local model "
-        "directory) or config_json"
-    )
 
 
 def sglang_oracle(
@@ -262,6 +193,7 @@ def _live(view: SupervisorView) -> LiveLoad | None:
         max_total_num_tokens=None if view.server is None else view.server.max_total_num_tokens,
         used_tokens=t.used_tokens,
         kv_pools=Layout.of(view.levers.levers).kv_pools,
+        prefix_cache=None if view.diagnosis is None else view.diagnosis.prefix_cache,
     )
 
 
@@ -307,11 +239,14 @@ async def make_plan(
     backend: Backend,
     oracle: tuple[Validator | None, Resolver | None] | None = None,
     stop: StopBudget | None = None,
+    facts: ServerFacts | None = None,
 ) -> dict[str, Any]:
     """The proposal as JSON. ``PlanError`` when it cannot be made.
 
-    The daemon's state is read on the event loop; reading the model directory runs in a
-    worker thread.
+    The daemon's state is read on the event loop; reading the model directory (and the
+    serving launch's log, for its measured CUDA-graph capture) runs in a worker thread.
+    ``facts``: the daemon's timeouts, router and measured start, for the expected time
+    without service (``PlanInputs.facts``).
     """
     model = await asyncio.to_thread(
         resolve_model,
@@ -332,6 +267,12 @@ async def make_plan(
     live = _live(view)
     avg, avg_source = _avg_tokens(body, view, backend, live)
     validate, resolve = oracle if oracle is not None else (None, None)
+    if facts is not None and own and view.server is not None:
+        each = await asyncio.to_thread(launch_graph_seconds, view.server.log_path)
+        facts = replace(facts, graph_s_each=each)
+    if facts is not None and not own:
+        # Another model than the one serving: its start was not measured here.
+        facts = replace(facts, measured_start_s=None, graph_s_each=None)
     # SGLang's own resolution blocks (seconds the first time): off the event loop.
     plan: Plan = await asyncio.to_thread(
         planner.propose,
@@ -344,6 +285,7 @@ async def make_plan(
         live=live,
         validate=validate,
         resolve=resolve,
+        facts=facts,
     )
     out = plan.to_json()
     unknown = [k for k in plan.levers if k not in view.schema.flags]
@@ -392,7 +334,9 @@ async def post_plan(
         async with _plan_slots(request):
             inputs = sup.plan_inputs()  # as of when this plan's turn came
             oracle = sglang_oracle(inputs, body)
-            out = await make_plan(body, inputs.view, inputs.backend, oracle, inputs.stop)
+            out = await make_plan(
+                body, inputs.view, inputs.backend, oracle, inputs.stop, inputs.facts
+            )
         # Secrets among the current levers (api_key...) are not shown; the proposal's own
         # levers are capacity levers, kept as they are so they can be sent to POST /levers.
         return {**redact(out), "levers": out["levers"], "apply": out["apply"]}

@@ -102,6 +102,19 @@ class OperationModel(_Open):
         "operations and a change of nothing",
     )
     path_reason: str | None = Field(None, description="why that path")
+    expected_downtime: dict[str, Any] | None = Field(
+        None,
+        description="an apply's expected time without service, stated before the stop: "
+        "seconds (stop -> the new server's ready), complete, until_commit_s, behind_router, "
+        "summary and parts (drain, stop, unpin, release, pin, load, probation: seconds, "
+        "basis, without_service); null: nothing is restarted",
+    )
+    downtime: dict[str, Any] | None = Field(
+        None,
+        description="the time without service it caused, measured: seconds, serving_again "
+        "and intervals (from a stop phase to the start phase that ended ready); null: it "
+        "stopped nothing",
+    )
 
 
 class OperationEnvelope(BaseModel):
@@ -163,6 +176,11 @@ class ServerModel(_Open):
     max_total_num_tokens: int | None = None
     launch_tag: str | None = None
     log_path: str | None = None
+    start_s: float | None = Field(
+        None,
+        description="spawn -> ready of this launch, measured by this daemon (null: adopted): "
+        "the load an apply's expected time without service starts from",
+    )
 
 
 class ThroughputModel(_Open):
@@ -190,6 +208,12 @@ class DiagnosisModel(_Open):
     )
     message: str
     proposal: str | None = Field(description="what to do (null: nothing)")
+    prefix_cache: dict[str, Any] | None = Field(
+        None,
+        description="the prefix cache over the recent window, from the server's own "
+        "counters (supervisor/planner/prefixcache.py): hit_rate, evicted_tokens_per_s, "
+        "evicted_per_prompt_token, device_retention_s, ...; null: not enough of it yet",
+    )
 
 
 class HistoryAnswer(BaseModel):

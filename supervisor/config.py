@@ -198,6 +198,11 @@ class SimulateSettings(_Section):
     #: How long the simulated /health_generate takes (SGLang runs a one-token generation;
     #: the simulator's default 1 s); None keeps that default.
     health_s: float | None = Field(None, ge=0)
+    #: Seconds per GiB of hierarchical-cache host pool the simulated server takes to pin at
+    #: start and to unpin at stop; None: the figures measured on an H200 host (0.58 and
+    #: 0.2, supervisor/planner/stopcost.py). The plan's expected downtime uses the same.
+    pin_s_per_gib: float | None = Field(None, ge=0)
+    unpin_s_per_gib: float | None = Field(None, ge=0)
 
     @model_validator(mode="before")
     @classmethod

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sglang_supervisor.phases import OUTCOMES, OpState
+from sglang_supervisor.phases import OUTCOMES, OpState, PhaseName, base_phase
 
 RUNNING = OpState.RUNNING
 SUCCEEDED = OpState.SUCCEEDED
@@ -86,6 +86,9 @@ class Operation:
     #: or nothing to change), and why (``sglang_supervisor.sglang.live``).
     path: str | None = None
     path_reason: str | None = None
+    #: An apply's expected time without service, part by part, estimated before the stop
+    #: (``sglang_supervisor.planner.downtime``); None: nothing is restarted.
+    expected_downtime: dict[str, Any] | None = None
     #: Set once the supervisor has counted and announced the operation's end.
     reported: bool = field(default=False, repr=False)
     created_at: str = field(default_factory=wall_iso)
@@ -136,6 +139,35 @@ class Operation:
             self.on_end(self)
         self.done.set()
 
+    def downtime(self, now: float | None = None) -> dict[str, Any] | None:
+        """The time without service it caused: from each stop (``stop``,
+        ``rollback_stop``...) to the next start that ended ready, summed; an interval
+        still open runs to ``now`` (monotonic) while it runs, to its end once it ended
+        with nothing serving. None: it stopped nothing."""
+        intervals: list[dict[str, Any]] = []
+        down: Phase | None = None
+        for ph in self.phases:
+            kind = base_phase(ph.name)
+            if kind is PhaseName.STOP and down is None:
+                down = ph
+            elif kind is PhaseName.START and down is not None and ph.state == SUCCEEDED:
+                end = ph._t0 + (ph.duration_s or 0.0)
+                intervals.append(_interval(down, ph.name, end - down._t0))
+                down = None
+        if down is not None:
+            if self.finished:
+                end = self._t0 + (self.duration_s or 0.0)
+            else:
+                end = time.monotonic() if now is None else now
+            intervals.append(_interval(down, None, end - down._t0))
+        if not intervals:
+            return None
+        return {
+            "seconds": round(sum(i["seconds"] for i in intervals), 3),
+            "serving_again": down is None,
+            "intervals": intervals,
+        }
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -157,4 +189,12 @@ class Operation:
             "not_cancellable": self.not_cancellable,
             "path": self.path,
             "path_reason": self.path_reason,
+            "expected_downtime": self.expected_downtime,
+            "downtime": self.downtime(),
         }
+
+
+def _interval(stop: Phase, ready: str | None, seconds: float) -> dict[str, Any]:
+    """One stretch without service: from ``stop`` to the ``ready`` start phase (None:
+    nothing became ready)."""
+    return {"from": stop.name, "to": ready, "seconds": round(max(0.0, seconds), 3)}

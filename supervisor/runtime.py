@@ -78,6 +78,7 @@ def build_backend(settings: Settings) -> Backend:
     """The simulated backend under ``--simulate``, else SGLang on NVML-probed GPUs."""
     if settings.simulate:
         from sglang_supervisor.sim.capacity import resolve_avg_tokens, resolve_model
+        from sglang_supervisor.sim.flags import sim_pin_rates
         from sglang_supervisor.sim.gpus import SimGpuProbe, prepare_registry
 
         sim = settings.sim
@@ -92,6 +93,9 @@ def build_backend(settings: Settings) -> Backend:
             env["SGLANG_SIM_STARTUP_S"] = str(sim.startup_s)
         if sim.health_s is not None:
             env["SGLANG_SIM_HEALTH_S"] = str(sim.health_s)
+        rates = sim_pin_rates(sim.pin_s_per_gib, sim.unpin_s_per_gib)
+        env["SGLANG_SIM_PIN_S_PER_GIB"] = str(rates.pin_s_per_gib)
+        env["SGLANG_SIM_UNPIN_S_PER_GIB"] = str(rates.unpin_s_per_gib)
         probe = SimGpuProbe(
             registry,
             count=sim.gpus,
@@ -106,6 +110,7 @@ def build_backend(settings: Settings) -> Backend:
             simulated_host_ram_bytes=sim.host_ram_gib * GiB,
             plan_model=resolve_model,
             plan_avg_tokens=resolve_avg_tokens,
+            pin_rates=rates,
         )
     from sglang_supervisor.host.nvml import NvmlProbe
 

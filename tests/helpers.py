@@ -155,7 +155,16 @@ class Daemon:
             },
             "timeouts": {**FAST_TIMEOUTS, **(timeouts or {})},
             # A fast simulated model load and /health_generate (1 s by default).
-            "sim": {"gpus": gpus, "startup_s": 0.2, "health_s": 0.05, **(sim or {})},
+            "sim": {
+                "gpus": gpus,
+                "startup_s": 0.2,
+                "health_s": 0.05,
+                # Pinning and unpinning a test's host cache cost nothing (the H200 figures
+                # would add seconds per GiB: a test that measures them sets its own).
+                "pin_s_per_gib": 0.0,
+                "unpin_s_per_gib": 0.0,
+                **(sim or {}),
+            },
         }
         _deep_merge(config, extra or {})
         self.config_path = tmp / "config.toml"

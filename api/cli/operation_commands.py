@@ -21,6 +21,7 @@ from sglang_supervisor_api.cli.exits import (
 from sglang_supervisor_api.cli.follow import OperationFollower
 from sglang_supervisor_api.cli.levers_input import lever_changes_from_args
 from sglang_supervisor_api.cli.output import err, out, print_json
+from sglang_supervisor_api.cli.plan_render import downtime_line
 from sglang_supervisor_api.cli.render import lever_changes
 from sglang_supervisor_api.cli.render_live import log_line, phase_line
 from sglang_supervisor_api.cli.text import duration, terminal_width
@@ -107,6 +108,9 @@ def follow_operation(
         if changes is not None:
             head += ": " + (", ".join(changes) if changes else "no lever changes (same levers)")
         out(head)
+        expected = op.get("expected_downtime")
+        if isinstance(expected, dict):
+            out(f"expected: {expected['summary']}")
     if args.no_wait:
         if args.json:
             print_json(op)
@@ -150,6 +154,9 @@ def report_outcome(client: Client, op: Json, width: int, live_log_lines: int = 0
     is printed whole, or only its end when its lines were already shown live."""
     state = str(op.get("state"))
     took = duration(op.get("duration_s"))
+    down = downtime_line(op)
+    if down:
+        out(down)
     if state == "succeeded":
         line = f"succeeded in {took}"
         if op.get("kind") in ("apply", "start", "restart"):

@@ -20,6 +20,7 @@ from sglang_supervisor_api.cli.exits import EXIT_OK, UsageError, outcome_exit
 from sglang_supervisor_api.cli.follow import OperationFollower, since_start
 from sglang_supervisor_api.cli.options import add_client_options
 from sglang_supervisor_api.cli.output import err, out, print_json
+from sglang_supervisor_api.cli.plan_render import downtime_line
 from sglang_supervisor_api.cli.render import lever_changes
 from sglang_supervisor_api.cli.render_live import log_line
 from sglang_supervisor_api.cli.text import clip, clock, duration, table, terminal_width
@@ -164,6 +165,9 @@ def render_operation(op: Json, diff: list[str] | None) -> list[str]:
     reason = op.get("rollback_reason") or op.get("error")
     if reason:
         lines.append(f"  {'reason':<8} {reason}")
+    down = downtime_line(op)
+    if down:
+        lines.append(f"  {down}")
     phases = op.get("phases") or []
     if phases:
         lines.append("  phases (times from the operation's start):")

@@ -104,6 +104,7 @@ def render_plan(plan: Json) -> str:
         f"Workload   {avg:,} tokens per request ({wl['avg_tokens_source']})"
         + (f"; target {wl['target_concurrency']:,} at once" if wl["target_concurrency"] else ""),
         f"Diagnosis  {plan['diagnosis']}",
+        *_downtime_lines(plan.get("expected_downtime")),
         "",
     ]
     delta = new["kv_tokens_per_rank"] - cur["kv_tokens_per_rank"]
@@ -165,11 +166,43 @@ def render_plan(plan: Json) -> str:
             lines.append(
                 f"  {note['lever']} = {_num(note['proposed'])} (now {now}){mark}: {note['reason']}"
             )
+            lines += _effect_lines(note)
     else:
         lines.append("Levers     nothing to change: the current levers already pull every one")
     lines.append("Notes")
     lines += [f"  - {text}" for text in plan["notes"]]
     return "\n".join(lines)
+
+
+def _downtime_lines(down: Any) -> list[str]:
+    """The change's expected time without service (``planner.downtime``), and what comes
+    before and after it."""
+    if not isinstance(down, dict):
+        return []
+    parts = {p["name"]: p for p in down.get("parts") or []}
+    around = [
+        f"{name} {parts[name]['seconds']:g} s"
+        for name in ("drain", "probation")
+        if name in parts and not parts[name]["without_service"] and parts[name]["seconds"]
+    ]
+    tail = f"; the server serves during the {' and '.join(around)}" if around else ""
+    return [f"Expected   {down['summary']}: stop -> the new server's ready{tail}"]
+
+
+def _effect_lines(note: Json) -> list[str]:
+    """A lever's effect in the bottleneck's unit and its cost in seconds, when known."""
+    out = []
+    effect, cost = note.get("effect"), note.get("cost")
+    if isinstance(effect, dict):
+        now, new = effect.get("now"), effect.get("expected")
+        figures = f" {_num(now)} -> {_num(new)}" if new is not None else f" now {_num(now)}"
+        out.append(f"      effect: {effect['unit']}{figures} ({effect['text']})")
+    if isinstance(cost, dict) and (cost.get("start_s") != 0 or cost.get("stop_s") != 0):
+        start, stop = cost.get("start_s"), cost.get("stop_s")
+        start_text = "start not timed" if start is None else f"start {start:+g} s"
+        stop_text = "stop not timed" if stop is None else f"stop {stop:+g} s"
+        out.append(f"      cost: {start_text}, {stop_text} ({cost['basis']})")
+    return out
 
 
 def _node_lines(nodes: Any) -> list[str]:
@@ -192,4 +225,23 @@ def render_apply(op: Json) -> str:
         lines.append(f"  {ph.get('name')}: {ph.get('state')} {ph.get('detail') or ''}".rstrip())
     if op.get("error"):
         lines.append(f"  error: {op['error']}")
+    line = downtime_line(op)
+    if line:
+        lines.append(f"  {line}")
     return "\n".join(lines)
+
+
+def downtime_line(op: Json) -> str | None:
+    """An operation's time without service: what it expected, what it measured."""
+    expected, measured = op.get("expected_downtime"), op.get("downtime")
+    if not isinstance(expected, dict) and not isinstance(measured, dict):
+        return None
+    said = []
+    if isinstance(measured, dict):
+        span = (
+            "stop -> ready" if measured.get("serving_again") else "stop -> its end: nothing serves"
+        )
+        said.append(f"{measured['seconds']:.1f} s measured ({span})")
+    if isinstance(expected, dict):
+        said.append(f"expected {expected['summary']}")
+    return "without service: " + "; ".join(said)

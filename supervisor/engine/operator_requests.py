@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_supervisor.engine import checks, live_change, transaction, weights_change
+from sglang_supervisor.engine import checks, downtime, live_change, transaction, weights_change
 from sglang_supervisor.engine.errors import (
     Busy,
     NoSuchOperation,
@@ -114,6 +114,11 @@ async def submit_apply(
     in_place = path is not None and path.kind == "live" and not _quiesces(path)
     if path is not None and not in_place and not without_router:
         await checks.router_answers(parts, record)  # LeverError
+    drain = min(max(0.0, drain_timeout_s), parts.settings.timeouts.max_drain_s)
+    if path is not None and path.kind == "restart":
+        # What it will cost, stated before anything stops (the answer, the page, the CLI).
+        # A change in place (live, weights) restarts nothing: ``path_reason`` says so.
+        op.expected_downtime = await downtime.expected_for(parts, record, checked, drain)
     if dry_run:
         ops.keep(op)
     else:
@@ -135,7 +140,6 @@ async def submit_apply(
     if unchanged:
         ops.run(op, transaction.keep_serving(record, op))
         return op
-    drain = min(max(0.0, drain_timeout_s), parts.settings.timeouts.max_drain_s)
     assert path is not None
     if path.kind == "live":
         ops.run(op, live_change.apply_live(parts, record, stop, op, checked, path, drain))

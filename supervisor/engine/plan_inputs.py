@@ -1,6 +1,7 @@
 """What ``POST /plan`` needs of the engine, taken in one call on the event loop
-(``Supervisor.plan_inputs``): the frozen view, the backend, the stop deadlines, and SGLang's
-own resolution bound to this daemon's interpreter, environment and GPUs.
+(``Supervisor.plan_inputs``): the frozen view, the backend, the stop deadlines, what a
+change's time without service is estimated from (``server_facts``: also the apply's), and
+SGLang's own resolution bound to this daemon's interpreter, environment and GPUs.
 
 The planner runs in worker threads; nothing it holds reads the ``Supervisor`` there.
 """
@@ -8,7 +9,7 @@ The planner runs in worker threads; nothing it holds reads the ``Supervisor`` th
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_supervisor.engine.parts import Parts
@@ -17,7 +18,8 @@ from sglang_supervisor.engine.server import launch_flags, server_env
 from sglang_supervisor.engine.validation import gpu_facts
 from sglang_supervisor.engine.view import SupervisorView
 from sglang_supervisor.host.backend import Backend
-from sglang_supervisor.planner.stopcost import StopBudget
+from sglang_supervisor.planner.downtime import ServerFacts
+from sglang_supervisor.planner.stopcost import MEASURED_RATES, StopBudget
 from sglang_supervisor.sglang.levers import LeverSet
 from sglang_supervisor.sglang.parser import ParserUnavailable
 from sglang_supervisor.sglang.resolution import Verdict, resolve_levers
@@ -40,6 +42,8 @@ class PlanInputs:
     #: its resolution degraded, or the GPUs unknown): the planner's formulas answer.
     #: Blocking (seconds the first time): call it from a worker thread.
     ask_sglang: AskSglang | None
+    #: The timeouts, router and measured start a change's downtime is estimated from.
+    facts: ServerFacts = field(default_factory=ServerFacts)
 
 
 def plan_inputs(parts: Parts, record: ReadRecord, view: SupervisorView) -> PlanInputs:
@@ -53,7 +57,33 @@ def plan_inputs(parts: Parts, record: ReadRecord, view: SupervisorView) -> PlanI
         release_s_per_pinned_gib=t.release_s_per_pinned_gib,
     )
     return PlanInputs(
-        view=view, backend=parts.backend, stop=stop, ask_sglang=_sglang_asker(parts, record)
+        view=view,
+        backend=parts.backend,
+        stop=stop,
+        ask_sglang=_sglang_asker(parts, record),
+        facts=server_facts(parts, record),
+    )
+
+
+def server_facts(parts: Parts, record: ReadRecord, drain_s: float = 0.0) -> ServerFacts:
+    """What a change's expected time without service reads of this daemon now: its
+    timeouts, its router, the load in flight and the serving server's measured start
+    (``drain_s``: an apply's own drain bound; behind a router, the router's)."""
+    t = parts.settings.timeouts
+    routed = parts.router.enabled
+    load = record.throughput
+    in_flight = None
+    if load.running_requests is not None or load.queued_requests is not None:
+        in_flight = (load.running_requests or 0) + (load.queued_requests or 0)
+    server = record.server
+    return ServerFacts(
+        stop_grace_s=t.stop_grace_s,
+        probation_s=t.probation_s,
+        drain_s=parts.settings.router.drain_timeout_s if routed else drain_s,
+        behind_router=routed,
+        in_flight=in_flight,
+        measured_start_s=None if server is None else server.start_s,
+        rates=parts.backend.pin_rates or MEASURED_RATES,
     )
 
 

@@ -44,6 +44,9 @@ class ServerInfo:
     started_at: str = field(default_factory=wall_iso)
     ready_at: str | None = None
     max_total_num_tokens: int | None = None
+    #: Spawn → ready, measured by this daemon (None: adopted, or not ready yet): what a
+    #: restart of this model takes, for the expected time without service of a change.
+    start_s: float | None = None
 
 
 class ReadRecord(Protocol):
@@ -187,11 +190,15 @@ class ServerRecord:
         remember(server.levers.levers, server.levers.env)
         self.server = server
 
-    def server_ready(self, max_total_num_tokens: int | None) -> None:
-        """The server in hand answered /health_generate (and maybe /server_info)."""
+    def server_ready(self, max_total_num_tokens: int | None, start_s: float | None = None) -> None:
+        """The server in hand answered /health_generate (and maybe /server_info), after
+        ``start_s`` from its spawn (None: not timed, an adopted server)."""
         assert self.server is not None
         self.server = replace(
-            self.server, ready_at=wall_iso(), max_total_num_tokens=max_total_num_tokens
+            self.server,
+            ready_at=wall_iso(),
+            max_total_num_tokens=max_total_num_tokens,
+            start_s=start_s,
         )
 
     def changed_in_place(self, levers: LeverSet) -> None:

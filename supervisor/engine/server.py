@@ -35,13 +35,13 @@ from sglang_supervisor.engine.record import ServerInfo, ServerRecord
 from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.host.backend import ServerHandle
 from sglang_supervisor.host.gpu import GpuInfo, cuda_visible_devices
+from sglang_supervisor.host.secretflags import config_flags, split_secrets
 from sglang_supervisor.host.serverenv import (
     CACHE_VAR,
     server_environ,
     sglang_cache_dir,
     with_cache_dir,
 )
-from sglang_supervisor.host.secretflags import config_flags, split_secrets
 from sglang_supervisor.observe import serverlogs
 from sglang_supervisor.observe.telemetry import tail_lines
 from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation
@@ -188,11 +188,18 @@ async def launch_until_ready(
 
 
 async def wait_ready(
-    parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation, handle: ServerHandle
+    parts: Parts,
+    record: ServerRecord,
+    stop: StopRequest,
+    op: Operation,
+    handle: ServerHandle,
+    *,
+    timed: bool = True,
 ) -> None:
     """starting -> ready once /health_generate answers 200. Raises ``StartFailed`` when
     the launcher exits or ``ready_timeout_s`` passes; ``Cancelled`` at the next poll after
-    a cancel or shutdown request."""
+    a cancel or shutdown request. ``timed``: the wait began at the spawn, so it measures
+    the server's start (an adopted server's does not)."""
     t = parts.settings.timeouts
     t0 = parts.clock()
     deadline = t0 + t.ready_timeout_s
@@ -235,7 +242,10 @@ async def wait_ready(
         log.warning("pid %s is ready, but /server_info did not answer: %s", handle.pid, exc)
     tokens = info.get("max_total_num_tokens")
     # A new server is ready: the watcher counts its liveness afresh (it tracks the server).
-    record.server_ready(int(tokens) if isinstance(tokens, (int, float)) else None)
+    record.server_ready(
+        int(tokens) if isinstance(tokens, (int, float)) else None,
+        start_s=parts.clock() - t0 if timed else None,
+    )
     record.transition(
         S.READY, f"pid {handle.pid} answered /health_generate after {parts.clock() - t0:.1f}s"
     )

@@ -247,7 +247,7 @@ async def try_adopt(
     try:
         if not probe.ok and recorded.ready:
             await judge_hung(parts, stop, op, handle, probe.detail)
-        await wait_ready(parts, record, stop, op, handle)
+        await wait_ready(parts, record, stop, op, handle, timed=False)
     except StartFailed as exc:
         ph.end(FAILED, str(exc))
         await recover(parts, record, stop, op, str(exc))

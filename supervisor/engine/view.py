@@ -49,6 +49,8 @@ class ServerView:
     launch_tag: str
     log_path: Path
     levers: LeverSet
+    #: Spawn → ready, measured by this daemon (None: adopted).
+    start_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +61,7 @@ class ServerView:
             "max_total_num_tokens": self.max_total_num_tokens,
             "launch_tag": self.launch_tag,
             "log_path": str(self.log_path),
+            "start_s": None if self.start_s is None else round(self.start_s, 3),
         }
 
 
@@ -214,6 +217,7 @@ def snapshot(parts: Parts, record: ReadRecord, ops: OperationRegistry) -> Superv
             launch_tag=server.handle.tag,
             log_path=server.handle.log_path,
             levers=server.levers,
+            start_s=server.start_s,
         ),
         levers=record.levers,
         last_good=record.last_good,

@@ -17,6 +17,7 @@ from sglang_supervisor.host.teardown import TeardownReport
 
 if TYPE_CHECKING:
     from sglang_supervisor.planner import ModelSpec
+    from sglang_supervisor.planner.stopcost import PinRates
 
 
 class ServerHandle(Protocol):
@@ -91,3 +92,6 @@ class Backend:
     #: The average request length this backend's load implies (the simulated load), with
     #: where it came from; None when it implies none.
     plan_avg_tokens: Callable[[Mapping[str, str]], tuple[int, str] | None] | None = None
+    #: What pinning and unpinning the host pool cost this backend's server (the
+    #: simulated one's ``[sim]`` rates); None: the figures measured on an H200.
+    pin_rates: PinRates | None = None

@@ -48,7 +48,8 @@ class OperationFields(logging.Filter):
     record (a field the line passed itself wins); lines outside any operation pass as
     they are."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
+    def filter(self, line: logging.LogRecord) -> bool:
+        # (Not named "record": that name is the engine's server record, one writer.)
         op = _CURRENT.get()
         if op is None:
             return True
@@ -59,8 +60,8 @@ class OperationFields(logging.Filter):
             "state": str(op.state),
         }
         for key, value in fields.items():
-            if not hasattr(record, key):
-                setattr(record, key, value)
+            if not hasattr(line, key):
+                setattr(line, key, value)
         return True
 
 

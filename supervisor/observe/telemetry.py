@@ -4,8 +4,14 @@ SGLang's gauges: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
 ``sglang:gen_throughput``, ``sglang:token_usage``, ``sglang:cache_hit_rate``; counters
 ``sglang:generation_tokens_total``, ``sglang:prompt_tokens_total``; the histogram
 ``sglang:time_to_first_token_seconds`` (its ``_sum`` and ``_count``: the history derives
-the mean TTFT of each interval from their increase). When no metrics endpoint
-answers, the last ``Decode batch, #running-req: ...`` line of the log is the fallback.
+the mean TTFT of each interval from their increase). The prefix cache's evidence
+(``supervisor/planner/prefixcache.py`` reads it): the gauge ``sglang:kv_evictable_tokens``,
+``sglang:hicache_host_total_tokens`` (only with the hierarchical cache), the counters
+``sglang:cached_tokens_total`` (every ``cache_source``) and the radix cache's
+``sglang:evicted_tokens_total`` and ``sglang:load_back_tokens_total``, which every rank
+exports for its own KV shard: one rank per DP worker is read (``tp_rank`` and ``pp_rank``
+0). When no metrics endpoint answers, the last ``Decode batch, #running-req: ...`` line of
+the log is the fallback.
 """
 
 from __future__ import annotations
@@ -26,11 +32,19 @@ _GAUGES = {
     "sglang:token_usage": "token_usage",
     "sglang:cache_hit_rate": "cache_hit_rate",
     "sglang:num_used_tokens": "used_tokens",
+    "sglang:kv_evictable_tokens": "evictable_tokens",
+    "sglang:hicache_host_total_tokens": "host_pool_tokens",
 }
 _COUNTERS = {
     "sglang:generation_tokens": "generation_tokens_total",
     "sglang:prompt_tokens": "prompt_tokens_total",
+    "sglang:cached_tokens": "cached_tokens_total",
+    "sglang:evicted_tokens": "evicted_tokens_total",
+    "sglang:load_back_tokens": "load_back_tokens_total",
 }
+#: Counters every rank exports for its own shard (SGLang 0.5.23
+#: ``radix_cache_metric_labels``): read from each DP worker's first rank only.
+_PER_RANK = frozenset({"evicted_tokens_total", "load_back_tokens_total"})
 #: Histogram series (SGLang 0.5.23 ``observability/metrics_collector.py:2040``), summed
 #: over their labels (``is_streaming``, and per DP rank where exported).
 _HISTOGRAMS = {
@@ -53,6 +67,14 @@ class Throughput:
     #: Time to first token: the histogram's sum (seconds) and count, since the server began.
     ttft_seconds_sum: float | None = None
     ttft_count: float | None = None
+    #: The prefix cache, summed over the DP workers: cached tokens evictable on the
+    #: device now, the host pool's tokens (hierarchical cache), and the counters of
+    #: prompt tokens served from the cache, device tokens evicted and tokens loaded back.
+    evictable_tokens: float | None = None
+    host_pool_tokens: float | None = None
+    cached_tokens_total: float | None = None
+    evicted_tokens_total: float | None = None
+    load_back_tokens_total: float | None = None
     #: "metrics", "log" or None (nothing read yet).
     source: str | None = None
 
@@ -78,6 +100,9 @@ def parse_metrics(text: str) -> Throughput:
                 key = _COUNTERS.get(name[: -len("_total")])
             if key is None:
                 continue
+            rank = (sample.labels.get("tp_rank", "0"), sample.labels.get("pp_rank", "0"))
+            if key in _PER_RANK and rank != ("0", "0"):
+                continue  # another rank's count of the same tokens
             prev = getattr(out, key)
             value = float(sample.value)
             if key in ("token_usage", "cache_hit_rate"):

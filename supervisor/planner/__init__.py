@@ -24,12 +24,14 @@ from sglang_supervisor.planner.checkpoint import (
     read_config,
     weight_bytes_from_dir,
 )
+from sglang_supervisor.planner.downtime import ChangeFacts, Downtime, ServerFacts
 from sglang_supervisor.planner.hicache import (
     DEFAULT_HICACHE_RATIO,
     SGLANG_HOST_RAM_MARGIN,
     host_pool_bytes_per_rank,
     host_pool_tokens,
 )
+from sglang_supervisor.planner.hostplan import host_cache_budget_per_rank
 from sglang_supervisor.planner.inputs import (
     lever_bool,
     lever_float,
@@ -64,7 +66,6 @@ from sglang_supervisor.planner.proposal import (
     PROPOSED_FP8_DTYPE,
     Resolver,
     Validator,
-    host_cache_budget_per_rank,
     propose,
 )
 from sglang_supervisor.planner.report import LeverNote, Plan
@@ -82,6 +83,8 @@ __all__ = [
     "SGLANG_HOST_RAM_MARGIN",
     "Capacity",
     "Cells",
+    "ChangeFacts",
+    "Downtime",
     "GiB",
     "Hardware",
     "LeverNote",
@@ -94,6 +97,7 @@ __all__ = [
     "Pools",
     "Reserve",
     "Resolver",
+    "ServerFacts",
     "Validator",
     "capacity",
     "cell_bytes",

@@ -13,6 +13,7 @@ from sglang_supervisor.planner.memory import sglang_reserve
 from sglang_supervisor.planner.model import ModelSpec
 from sglang_supervisor.planner.nodes import NodeShare
 from sglang_supervisor.planner.pools import page_size, pools, resolved_storage
+from sglang_supervisor.planner.prefixcache import PrefixEvidence
 from sglang_supervisor.planner.stopcost import StopBudget
 from sglang_supervisor.sglang.layout import Layout
 
@@ -241,6 +242,8 @@ class LiveLoad:
     #: KV pools (DP workers), each of ``max_total_num_tokens``: the fallback without
     #: ``used_tokens`` scales the fullest pool's usage by them.
     kv_pools: int = 1
+    #: The prefix cache over the recent window (``planner.prefixcache``; None: not known).
+    prefix_cache: PrefixEvidence | None = None
 
     def avg_tokens(self) -> int | None:
         """KV tokens per running request: the used tokens over the running requests (both
@@ -262,4 +265,6 @@ class LiveLoad:
         return sentence(self.running_requests, self.queued_requests, self.token_usage)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = {k: v for k, v in asdict(self).items() if k != "prefix_cache"}
+        out["prefix_cache"] = None if self.prefix_cache is None else self.prefix_cache.to_json()
+        return out

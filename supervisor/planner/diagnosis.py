@@ -24,9 +24,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
+
+from sglang_supervisor.planner.prefixcache import (
+    MIN_WINDOW_S,
+    CacheCounters,
+    PrefixEvidence,
+    PrefixWindow,
+)
 
 #: Token usage (the fullest DP worker's pool) above which a queue means KV-bound.
 KV_BOUND_TOKEN_USAGE = 0.95
@@ -36,8 +43,9 @@ QUEUE_LIMIT = 10
 DEFAULT_HOLD_S = 180.0
 
 
-class Gauges(Protocol):
-    """SGLang's load gauges as the telemetry reads them (``observe.telemetry.Throughput``)."""
+class Gauges(CacheCounters, Protocol):
+    """SGLang's load gauges (and its prefix cache's counters: ``planner.prefixcache``) as
+    the telemetry reads them (``observe.telemetry.Throughput``)."""
 
     @property
     def running_requests(self) -> float | None: ...
@@ -115,6 +123,8 @@ class Diagnosis:
     evidence: dict[str, Any] = field(default_factory=dict)
     message: str = ""
     proposal: str | None = None
+    #: The prefix cache's evidence over the recent window (None: not enough of it yet).
+    prefix_cache: PrefixEvidence | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -123,6 +133,7 @@ class Diagnosis:
             "evidence": dict(self.evidence),
             "message": self.message,
             "proposal": self.proposal,
+            "prefix_cache": None if self.prefix_cache is None else self.prefix_cache.to_json(),
         }
 
 
@@ -148,6 +159,8 @@ class Diagnoser:
         self._candidate = LoadKind.NO_METRICS
         self._candidate_at = now
         self._candidate_since = stamp
+        #: The prefix cache's counters over the recent past (the host cache's evidence).
+        self.prefix = PrefixWindow(clock)
         self.current = Diagnosis(
             LoadKind.NO_METRICS, stamp, message=sentence(None, None, None), evidence={}
         )
@@ -161,6 +174,7 @@ class Diagnoser:
         """One telemetry sample: classify it, and report its kind once it has held."""
         running, queued, usage = load.running_requests, load.queued_requests, load.token_usage
         now, stamp = self._clock(), self._wall()
+        self.prefix.observe(load)
         kind = classify(running, queued, usage)
         if kind is not self._candidate:
             self._candidate, self._candidate_at, self._candidate_since = kind, now, stamp
@@ -179,6 +193,10 @@ class Diagnoser:
                 self.current.message,
                 self.current.proposal,
             )
+        # Over the same hold as the kind's (the alert's ``for:``), at least 20 s of it.
+        hold = self.hold_s
+        evidence = self.prefix.evidence(hold, min(MIN_WINDOW_S, hold))
+        self.current = replace(self.current, prefix_cache=evidence)
 
     def _diagnosis(
         self,

@@ -30,6 +30,7 @@ def honest_notes(
     budget: int,
     target_concurrency: int | None,
     refused: list[str],
+    host_cache_wanted: bool = True,
 ) -> list[str]:
     shape = model.shape
     gpu = hardware.gpu_memory_bytes
@@ -137,10 +138,15 @@ def honest_notes(
         out.append(
             f"The host pool pins {after.host_ram_needed_bytes_per_node / GiB:.0f} GiB of host "
             f"RAM{where}: "
-            "stopping the server takes longer (≈0.2 s per pinned GiB measured on H200), and "
-            "the supervisor's release deadline grows with it."
+            "every stop unpins it and every start pins it again (≈0.2 and ≈0.58 s per GiB, "
+            "measured on an H200 host: the expected downtime counts both), and the "
+            "supervisor's release deadline grows with it."
         )
-    if not after.hierarchical_cache and not lever_bool(new, "disable_radix_cache"):
+    if (
+        host_cache_wanted
+        and not after.hierarchical_cache
+        and not lever_bool(new, "disable_radix_cache")
+    ):
         out.append(
             f"No hierarchical cache: {hardware.host_ram_available_bytes / GiB:,.0f} GiB of "
             f"available host RAM leaves {budget / GB:,.0f} GB per rank after SGLang's 10 GiB "

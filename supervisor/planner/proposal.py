@@ -1,18 +1,18 @@
-"""The proposal: every lever that raises KV capacity, sized for this model and machine."""
+"""The proposal: every lever the measured bottleneck supports, sized for this model and
+machine, each with its effect and cost, and the change's expected time without service."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sglang_supervisor.planner.bottleneck import CAPACITY_LEVERS, RUNNING_CAP_LEVERS, supported
 from sglang_supervisor.planner.capacity import Capacity, Hardware, LiveLoad, capacity
 from sglang_supervisor.planner.cells import is_fp8
-from sglang_supervisor.planner.hicache import (
-    SGLANG_HOST_RAM_MARGIN,
-    auto_sized,
-    host_pool_bytes_per_rank,
-)
-from sglang_supervisor.planner.inputs import lever_bool, lever_int
+from sglang_supervisor.planner.downtime import ChangeFacts, ServerFacts, expected
+from sglang_supervisor.planner.hostplan import host_cache, host_cache_budget_per_rank
+from sglang_supervisor.planner.inputs import lever_int
+from sglang_supervisor.planner.leverfx import effects_and_costs, graphs, stop_notes
 from sglang_supervisor.planner.memory import (
     LARGE_GPU_MIB,
     MIN_ACTIVATION_TOKENS,
@@ -20,19 +20,15 @@ from sglang_supervisor.planner.memory import (
     sglang_default_chunked_prefill,
     sglang_reserve,
 )
-from sglang_supervisor.planner.model import GB, GiB, MiB, ModelShape, ModelSpec, PlanError
+from sglang_supervisor.planner.model import MiB, ModelShape, ModelSpec, PlanError
 from sglang_supervisor.planner.nodes import NodeShare, candidate_node_problem
 from sglang_supervisor.planner.notes import honest_notes
-from sglang_supervisor.planner.pools import pools
+from sglang_supervisor.planner.pools import Pools, pools
+from sglang_supervisor.planner.prefixcache import host_cache_verdict
 from sglang_supervisor.planner.report import LeverNote, Plan, in_effect, reason
 from sglang_supervisor.planner.sharding import head_problem
-from sglang_supervisor.planner.stopcost import StopBudget
 from sglang_supervisor.sglang.layout import Layout
 
-#: Host RAM the planner leaves to the OS, page cache, the tokenizer and detokenizer and the
-#: daemon, on top of SGLang's margin: 10% of what is available, at least 8 GiB.
-OS_HEADROOM_FRACTION = 0.10
-OS_HEADROOM_MIN_BYTES = 8 * GiB
 #: The fp8 KV dtype the planner proposes (e4m3: more mantissa, the usual choice).
 PROPOSED_FP8_DTYPE = "fp8_e4m3"
 #: Largest decode CUDA-graph batch the planner proposes (each captured size costs
@@ -62,29 +58,6 @@ _LEVER_ORDER = {
 }
 
 
-def host_cache_budget_per_rank(
-    host_ram_available_bytes: int, ranks: int, stop: StopBudget | None = None
-) -> int:
-    """Bytes of pinned host pool one rank may take: (available − SGLang's 10 GiB margin −
-    OS headroom) / ranks, never negative. The total always fits SGLang's own check; with
-    ``stop``, its teardown deadline also fits the service's stop budget (unpinning is
-    slow: ``sglang_supervisor.planner.stopcost``)."""
-    headroom = max(OS_HEADROOM_MIN_BYTES, int(host_ram_available_bytes * OS_HEADROOM_FRACTION))
-    budget = host_ram_available_bytes - SGLANG_HOST_RAM_MARGIN - headroom
-    per_rank = max(0, budget // max(1, ranks))
-    cap = stop.max_pinned_bytes() if stop is not None else None
-    return per_rank if cap is None else min(per_rank, cap // max(1, ranks))
-
-
-def hicache_refused(levers: Mapping[str, Any]) -> str | None:
-    """Why SGLang refuses the hierarchical cache with ``levers`` (None: it does not)."""
-    if lever_bool(levers, "disable_radix_cache"):
-        return "disable_radix_cache is set (the hierarchical cache extends the radix cache)"
-    if lever_bool(levers, "enable_lmcache"):
-        return "enable_lmcache is set (LMCache and the hierarchical cache exclude each other)"
-    return None
-
-
 def _chunk_under_floor(
     gpu_bytes: int, levers: Mapping[str, Any], shape: ModelShape, start: int
 ) -> int:
@@ -110,7 +83,7 @@ def _tune(
     avg_tokens: int,
     target_concurrency: int | None,
 ) -> dict[str, Any]:
-    """fp8 KV, chunk, fraction, running requests, graphs and host cache on ``base``."""
+    """fp8 KV, chunk, fraction, running requests and graphs on ``base``."""
     gpu = hardware.gpu_memory_bytes
     shape = model.shape
     new = dict(base)
@@ -128,16 +101,7 @@ def _tune(
     for _ in range(4):
         new["mem_fraction_static"] = sglang_reserve(gpu, new, shape).safe_fraction
         p = pools(model, {**new, "max_running_requests": None}, gpu)
-        fit = p.kv_tokens // avg_tokens
-        if p.mamba_request_cap is not None:
-            fit = min(fit, p.mamba_request_cap)
-        per_worker = max(1, fit)
-        if target_concurrency:
-            per_worker = max(1, min(per_worker, -(-target_concurrency // lay.kv_pools)))
-        running = per_worker * lay.attn_dp_size
-        if target_concurrency:
-            running = min(running, target_concurrency)
-        bs = min(round_up_graph_bs(per_worker), MAX_PROPOSED_GRAPH_BS)
+        running, bs = _running_cap(p, lay, avg_tokens, target_concurrency)
         if new.get("max_running_requests") == running and new.get("cuda_graph_max_bs_decode") == bs:
             break
         new["max_running_requests"] = running
@@ -152,25 +116,38 @@ def _tune(
             "GPU for activations and CUDA graphs: nothing is left for the weights and the KV "
             "cache; use GPUs with more memory"
         )
-    # The host cache, where SGLang accepts one (and its stop fits the service's budget).
-    per_node = NodeShare.of(new).ranks_per_node  # host RAM is each node's own
-    budget = host_cache_budget_per_rank(hardware.host_ram_available_bytes, per_node, hardware.stop)
-    p = pools(model, new, gpu)
-    size_gb = budget // GB
-    host_tokens = int(size_gb * GB // max(1.0, p.cells.exact))
-    if hicache_refused(new) is None and size_gb >= 1 and host_tokens > p.kv_tokens:
-        new["enable_hierarchical_cache"] = True
-        new["hicache_size"] = int(size_gb)
-    elif lever_bool(new, "enable_hierarchical_cache") and (
-        host_pool_bytes_per_rank(new, gpu, hardware.host_ram_available_bytes) > budget
-        or (auto_sized(new) and hardware.host_ram_available_bytes <= SGLANG_HOST_RAM_MARGIN)
-    ):
-        # The operator's host cache does not fit (or SGLang's auto-sizing finds nothing
-        # left after its margin and refuses): shrink it, or turn it off.
-        if size_gb >= 1:
-            new["hicache_size"] = int(size_gb)
-        else:
-            new["enable_hierarchical_cache"] = False
+    return new
+
+
+def _running_cap(
+    p: Pools, lay: Layout, avg_tokens: int, target_concurrency: int | None
+) -> tuple[int, int]:
+    """``max_running_requests`` = the requests that fit at ``avg_tokens`` (or the target,
+    if lower) and the decode-graph batch that covers one worker's share."""
+    fit = p.kv_tokens // avg_tokens
+    if p.mamba_request_cap is not None:
+        fit = min(fit, p.mamba_request_cap)
+    per_worker = max(1, fit)
+    if target_concurrency:
+        per_worker = max(1, min(per_worker, -(-target_concurrency // lay.kv_pools)))
+    running = per_worker * lay.attn_dp_size
+    if target_concurrency:
+        running = min(running, target_concurrency)
+    return running, min(round_up_graph_bs(per_worker), MAX_PROPOSED_GRAPH_BS)
+
+
+def _raise_the_cap(
+    model: ModelSpec, hardware: Hardware, current: Mapping[str, Any], avg_tokens: int
+) -> dict[str, Any]:
+    """Queue-bound at the cap: only ``max_running_requests`` (and its graphs), on today's
+    KV pool, where it raises the cap."""
+    new = dict(current)
+    gpu = hardware.gpu_memory_bytes
+    p = pools(model, {**new, "max_running_requests": None}, gpu)
+    running, bs = _running_cap(p, Layout.of(new), avg_tokens, None)
+    if running > capacity(model, new, gpu, avg_tokens).max_running_requests:
+        new["max_running_requests"] = running
+        new["cuda_graph_max_bs_decode"] = max(bs, lever_int(new, "cuda_graph_max_bs_decode") or 0)
     return new
 
 
@@ -194,18 +171,23 @@ def propose(
     live: LiveLoad | None = None,
     validate: Validator | None = None,
     resolve: Resolver | None = None,
+    facts: ServerFacts | None = None,
 ) -> Plan:
-    """Every lever that raises KV capacity, sized for this model and machine.
+    """Every lever the measured bottleneck supports (``planner.bottleneck``), sized for
+    this model and machine, each with its effect and cost (``planner.leverfx``).
 
-    In order: attention DP for MLA models when it raises capacity; fp8 KV (unless the
-    checkpoint already stores fp8); a chunked-prefill size within SGLang's 10 GiB reserve
-    floor; the highest safe ``mem_fraction_static``; the hierarchical cache sized to the
-    host RAM left after SGLang's margin and OS headroom (never where SGLang refuses it);
+    The capacity levers, in order: attention DP for MLA models when it raises capacity;
+    fp8 KV (unless the checkpoint already stores fp8); a chunked-prefill size within
+    SGLang's 10 GiB reserve floor; the highest safe ``mem_fraction_static``;
     ``max_running_requests`` = requests that fit at ``avg_tokens`` (or the target) and
-    ``cuda_graph_max_bs_decode`` covering one worker's batch. TP/PP/DP are never changed.
-    ``validate`` (SGLang's own resolution, where installed) checks each candidate: one it
-    refuses is never proposed; ``resolve`` gives SGLang's own resolved values for the
-    current levers (its default fraction replaces the planner's copy of the rule).
+    ``cuda_graph_max_bs_decode`` covering one worker's batch. The hierarchical cache only
+    where the live prefix cache's evidence supports it (``planner.prefixcache``), sized to
+    the host RAM left after SGLang's margin and OS headroom and to the stop budget. TP/PP/DP
+    are never changed. ``validate`` (SGLang's own resolution, where installed) checks each
+    candidate: one it refuses is never proposed; ``resolve`` gives SGLang's own resolved
+    values for the current levers (its default fraction replaces the planner's copy of the
+    rule). ``facts``: the daemon's timeouts and what it measured of the serving server,
+    for the expected time without service (``planner.downtime``).
 
     With ``nnodes`` > 1 in the levers, ``hardware`` is one node's (GPUs, host RAM) and each
     node holds ``tp×pp/nnodes`` ranks (``planner.nodes``); a candidate that would raise
@@ -268,15 +250,32 @@ def propose(
             refused.append(why)
         return why is None
 
+    live_now = live is not None and live.running_requests is not None
+    support = supported(
+        live.running_requests if live else None,
+        live.queued_requests if live else None,
+        live.token_usage if live else None,
+        live=live_now,
+        max_running_requests=now.max_running_requests,
+        target_concurrency=target_concurrency,
+    )
     tune = {"avg_tokens": avg_tokens, "target_concurrency": target_concurrency}
-    new = _tune(model, hardware, current, current, **tune)  # type: ignore[arg-type]
+    dp_after: Capacity | None = None
+    if support.levers == CAPACITY_LEVERS:
+        new = _tune(model, hardware, current, current, **tune)  # type: ignore[arg-type]
+    elif support.levers == RUNNING_CAP_LEVERS:
+        new = _raise_the_cap(model, hardware, current, avg_tokens)
+    else:
+        new = dict(current)
+    verdict = host_cache_verdict(live.prefix_cache if live else None)
+    new = host_cache(model, hardware, new, propose=verdict.supported)
     after = capacity(model, new, gpu, avg_tokens, host)
     if not accepted(new):
         new, after = dict(current), now
-    dp_base = attention_dp_candidate(model, current)
-    dp_after: Capacity | None = None
+    dp_base = attention_dp_candidate(model, current) if support.levers == CAPACITY_LEVERS else None
     if dp_base is not None:
         dp_new = _tune(model, hardware, current, dp_base, **tune)  # type: ignore[arg-type]
+        dp_new = host_cache(model, hardware, dp_new, propose=verdict.supported)
         dp_after = capacity(model, dp_new, gpu, avg_tokens, host)
         if dp_after.concurrent_requests > after.concurrent_requests and accepted(dp_new):
             new, after = dp_new, dp_after
@@ -287,6 +286,11 @@ def propose(
     }
     ranks = after.ranks_per_node  # host RAM is one node's: its ranks share it
     budget = host_cache_budget_per_rank(host, ranks, hardware.stop)
+    facts = facts or ServerFacts()
+    evidence = live.prefix_cache if live else None
+    fx = effects_and_costs(
+        model, hardware, current, changes, now, after, facts=facts, evidence=evidence
+    )
     notes = [
         LeverNote(
             lever,
@@ -294,10 +298,13 @@ def propose(
             value,
             reason(lever, now, after, gpu_bytes=gpu, budget=budget, ranks=ranks),
             current_is_default=lever not in current,
+            effect=fx[lever]["effect"],
+            cost=fx[lever]["cost"],
         )
         for lever, value in changes.items()
     ]
-    honest = honest_notes(
+    honest = [support.why, f"Host cache: {verdict.reason}."]
+    honest += honest_notes(
         model,
         hardware,
         current,
@@ -308,9 +315,21 @@ def propose(
         budget=budget,
         target_concurrency=target_concurrency,
         refused=refused,
+        host_cache_wanted=verdict.supported,
     )
     honest.extend(skipped)
-    honest.extend(stop_notes(hardware, now, after, ranks))
+    unbounded = host_cache_budget_per_rank(host, ranks)
+    honest.extend(stop_notes(hardware, now, after, unbounded, budget))
+    downtime = expected(
+        ChangeFacts(
+            facts,
+            now.host_ram_needed_bytes_per_node,
+            after.host_ram_needed_bytes_per_node,
+            weights_ratio=after.weight_bytes_per_rank / max(1, now.weight_bytes_per_rank),
+            graphs_now=graphs(now.cuda_graph_max_bs_decode),
+            graphs_new=graphs(after.cuda_graph_max_bs_decode),
+        )
+    )
     return Plan(
         model=model,
         hardware=hardware,
@@ -326,40 +345,12 @@ def propose(
         notes=honest,
         live=live,
         reserve=sglang_reserve(gpu, new, model.shape).to_json(),
+        bottleneck={
+            "kind": None if support.kind is None else str(support.kind),
+            "levers": sorted(support.levers),
+            "why": support.why,
+        },
+        host_cache={"supported": verdict.supported, "reason": verdict.reason},
+        expected_downtime=downtime if changes else None,
+        rates=facts.rates,
     )
-
-
-def stop_notes(hardware: Hardware, now: Capacity, after: Capacity, ranks: int) -> list[str]:
-    """What a stop of each set costs, where the service's stop budget bounds the plan."""
-    stop = hardware.stop
-    if stop is None:
-        return []
-    notes = []
-    proposed = stop.cost(after.host_ram_needed_bytes_per_node)
-    unbounded = host_cache_budget_per_rank(hardware.host_ram_available_bytes, ranks)
-    bounded = host_cache_budget_per_rank(hardware.host_ram_available_bytes, ranks, stop)
-    if after.hierarchical_cache and bounded < unbounded:
-        notes.append(
-            f"Host cache kept to {proposed['pinned_host_gib']} GiB pinned (the RAM would "
-            f"allow {unbounded * ranks / GiB:.0f} GiB): unpinning takes ≈0.2 s per GiB, so "
-            f"a stop takes ≈{proposed['expected_stop_s']:.0f} s after the drain and the "
-            f"daemon's deadline is {proposed['stop_deadline_s']:.0f} s, within the service's "
-            f"stop budget of {stop.budget_s:.0f} s ([timeouts] stop_budget_s = the unit's "
-            "TimeoutStopSec); raise both for a larger host cache"
-        )
-    current = stop.cost(now.host_ram_needed_bytes_per_node)
-    if now.hierarchical_cache and not current["within_stop_budget"]:
-        notes.append(
-            f"The current host cache pins {current['pinned_host_gib']} GiB: a stop's "
-            f"deadline is {current['stop_deadline_s']:.0f} s, past the service's stop "
-            f"budget of {stop.budget_s:.0f} s — systemd would SIGKILL the daemon mid-stop; "
-            "apply the proposal or raise TimeoutStopSec and [timeouts] stop_budget_s"
-        )
-    elif after.hierarchical_cache and proposed["pinned_host_gib"] > 0:
-        notes.append(
-            f"A stop of the proposal takes ≈{proposed['expected_stop_s']:.0f} s to unpin "
-            f"{proposed['pinned_host_gib']} GiB (deadline {proposed['stop_deadline_s']:.0f} s "
-            f"of the {stop.budget_s:.0f} s budget); a start pins it again "
-            f"(≈{proposed['expected_pinning_at_start_s']:.0f} s) before the model loads"
-        )
-    return notes

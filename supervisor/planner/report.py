@@ -6,7 +6,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sglang_supervisor.planner.capacity import Capacity, Hardware, LiveLoad
+from sglang_supervisor.planner.downtime import Downtime
 from sglang_supervisor.planner.model import GB, ModelSpec
+from sglang_supervisor.planner.stopcost import MEASURED_RATES, PinRates
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,10 @@ class LeverNote:
     reason: str
     #: True when the lever is unset now and ``current`` is SGLang's default.
     current_is_default: bool = False
+    #: What it does in the measured bottleneck's unit (``unit``, ``now``, ``expected``,
+    #: ``text``) and what it costs (``stop_s``, ``start_s``, ``basis``): planner.leverfx.
+    effect: dict[str, Any] | None = None
+    cost: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -40,6 +46,13 @@ class Plan:
     notes: list[str]
     live: LiveLoad | None = None
     reserve: dict[str, Any] = field(default_factory=dict)
+    #: The bottleneck measured and the levers it supports (``planner.bottleneck``).
+    bottleneck: dict[str, Any] = field(default_factory=dict)
+    #: Whether the prefix cache's evidence supports a host cache, and why.
+    host_cache: dict[str, Any] = field(default_factory=dict)
+    #: The change's expected time without service (None: nothing changes).
+    expected_downtime: Downtime | None = None
+    rates: PinRates = MEASURED_RATES
 
     @property
     def proposed_levers(self) -> dict[str, Any]:
@@ -62,12 +75,22 @@ class Plan:
             "levers": dict(self.levers),
             "lever_notes": [n.to_json() for n in self.lever_notes],
             "notes": list(self.notes),
+            "bottleneck": dict(self.bottleneck),
+            "host_cache": dict(self.host_cache),
+            # Drain, stop, unpin, release, pin, load, probation: planner.downtime.
+            "expected_downtime": None
+            if self.expected_downtime is None
+            else self.expected_downtime.to_json(),
             # What a stop and a start cost with each set's pinned host cache.
             "stop_cost": None
             if self.hardware.stop is None
             else {
-                "current": self.hardware.stop.cost(self.current.host_ram_needed_bytes_per_node),
-                "proposed": self.hardware.stop.cost(self.proposed.host_ram_needed_bytes_per_node),
+                "current": self.hardware.stop.cost(
+                    self.current.host_ram_needed_bytes_per_node, self.rates
+                ),
+                "proposed": self.hardware.stop.cost(
+                    self.proposed.host_ram_needed_bytes_per_node, self.rates
+                ),
             },
             "predicted": {
                 "kv_tokens_per_rank_delta": self.proposed.kv_tokens_per_rank

@@ -64,12 +64,19 @@ class Children:
             argv.append("--setsid")
         return [*argv, *extra]
 
-    def spawn(self, gpus: Sequence[str], rank_bytes: int) -> None:
+    def spawn(self, gpus: Sequence[str], rank_bytes: int, unpin_s: float = 0.0) -> None:
         """One child per rank (on ``gpus[r]``), plus the detokenizer; they inherit env,
-        stdout and process group. ``ServerFailure`` if one cannot be started."""
+        stdout and process group; each rank's memory stays held ``unpin_s`` past its
+        SIGTERM (the host pool's unpinning). ``ServerFailure`` if one cannot be started."""
         self.registry.mkdir(parents=True, exist_ok=True)
         plan: list[tuple[str, list[str]]] = [
-            (f"TP{r}", ["--rank", str(r), "--gpu-uuid", gpu, "--bytes", str(rank_bytes)])
+            (
+                f"TP{r}",
+                [
+                    *("--rank", str(r), "--gpu-uuid", gpu, "--bytes", str(rank_bytes)),
+                    *("--unpin-s", f"{unpin_s:.3f}"),
+                ],
+            )
             for r, gpu in enumerate(gpus)
         ]
         plan.append(("detokenizer", ["--detokenizer"]))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_supervisor import planner
+from sglang_supervisor.planner.stopcost import MEASURED_RATES, PinRates
 from sglang_supervisor.sglang.layout import Layout
 from sglang_supervisor.sglang.schema import FlagSchema, FlagSpec, load_bundled
 from sglang_supervisor.sim.faults import FAULTS_ENV, Faults, parse_faults
@@ -224,6 +225,8 @@ class SimEnv:
     health_s: float = DEFAULT_HEALTH_S
     #: Interval of the SIGTERM drain's checks of the remaining requests.
     drain_check_s: float = DEFAULT_DRAIN_CHECK_S
+    #: Seconds per GiB of host pool to pin at start and to unpin at stop (``[sim]``).
+    pins: PinRates = MEASURED_RATES
 
     @property
     def memory_bytes(self) -> int:
@@ -257,7 +260,21 @@ class SimEnv:
             tokens_per_s=_number(env, "SGLANG_SIM_TOKENS_PER_S", DECODE_TOKENS_PER_S, 0.01),
             health_s=_number(env, "SGLANG_SIM_HEALTH_S", DEFAULT_HEALTH_S, 0.0),
             drain_check_s=_number(env, "SGLANG_SIM_DRAIN_CHECK_S", DEFAULT_DRAIN_CHECK_S, 0.01),
+            pins=sim_pin_rates(
+                _number(env, "SGLANG_SIM_PIN_S_PER_GIB", MEASURED_RATES.pin_s_per_gib, 0.0),
+                _number(env, "SGLANG_SIM_UNPIN_S_PER_GIB", MEASURED_RATES.unpin_s_per_gib, 0.0),
+            ),
         )
+
+
+def sim_pin_rates(pin_s_per_gib: float | None, unpin_s_per_gib: float | None) -> PinRates:
+    """The simulated server's pinning rates: ``[sim] pin_s_per_gib`` / ``unpin_s_per_gib``
+    where set, else the H200 figures (``planner.stopcost``), and whence."""
+    pin = MEASURED_RATES.pin_s_per_gib if pin_s_per_gib is None else pin_s_per_gib
+    unpin = MEASURED_RATES.unpin_s_per_gib if unpin_s_per_gib is None else unpin_s_per_gib
+    if (pin, unpin) == (MEASURED_RATES.pin_s_per_gib, MEASURED_RATES.unpin_s_per_gib):
+        return MEASURED_RATES
+    return PinRates(pin, unpin, "the simulated server's [sim] pin_s_per_gib, unpin_s_per_gib")
 
 
 def _number(env: Mapping[str, str], name: str, default: float, minimum: float) -> float:

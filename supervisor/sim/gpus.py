@@ -4,13 +4,16 @@ Each rank of ``sglang_supervisor.sim.server`` writes ``<registry>/<pid>.json`` =
 ``{"pid", "create_time", "gpu_uuid", "bytes"}`` (atomically, tmp + ``os.replace``). A GPU's
 used memory is its baseline plus the bytes of every registered pid that is alive, not a
 zombie and (when the entry records a create time) not a reused pid. So memory is "freed"
-when the process holding it exits, never when a file is removed — as with a real driver.
+when the process holding it exits, never when a file is removed — as with a real driver;
+an entry with ``held_until`` (unix time) stays held until then after its process is gone,
+listed under no process (a rank's exit unpinning its host pool: ``sim.rank``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +51,11 @@ class Registration:
     create_time: float | None
     gpu_uuid: str
     bytes: int
+    #: After the process is gone its memory stays held until this unix time.
+    held_until: float | None = None
+
+    def still_held(self, now: float) -> bool:
+        return self.held_until is not None and now < self.held_until
 
 
 def read_registry(registry_dir: Path) -> list[Registration]:
@@ -70,11 +78,13 @@ def read_registry(registry_dir: Path) -> list[Registration]:
         try:
             data = json.loads((registry_dir / name).read_bytes())
             ctime = data.get("create_time")
+            until = data.get("held_until")
             reg = Registration(
                 pid=int(data["pid"]),
                 create_time=None if ctime is None else float(ctime),
                 gpu_uuid=str(data["gpu_uuid"]),
                 bytes=int(data["bytes"]),
+                held_until=None if until is None else float(until),
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # removed meanwhile, or not ours to understand
@@ -105,8 +115,9 @@ def prepare_registry(registry_dir: Path) -> list[int]:
     """
     registry_dir.mkdir(parents=True, exist_ok=True)
     removed: list[int] = []
+    now = time.time()
     for reg in read_registry(registry_dir):
-        if not holds_memory(reg):
+        if not holds_memory(reg) and not reg.still_held(now):
             (registry_dir / f"{reg.pid}.json").unlink(missing_ok=True)
             removed.append(reg.pid)
     for tmp in registry_dir.glob(".*.json.tmp"):
@@ -152,14 +163,20 @@ class SimGpuProbe:
                     f"0-{len(self._devices) - 1})"
                 )
         by_uuid: dict[str, list[GpuProcess]] = {}
+        unpinning: dict[str, int] = {}  # held by processes gone, no process listed
+        now = time.time()
         for reg in read_registry(self.registry_dir):
+            uuid = reg.gpu_uuid.lower()
             if holds_memory(reg):
-                by_uuid.setdefault(reg.gpu_uuid.lower(), []).append(GpuProcess(reg.pid, reg.bytes))
+                by_uuid.setdefault(uuid, []).append(GpuProcess(reg.pid, reg.bytes))
+            elif reg.still_held(now):
+                unpinning[uuid] = unpinning.get(uuid, 0) + reg.bytes
         out: list[GpuSample] = []
         for i in indices:
             dev = self._devices[i]
             procs = tuple(sorted(by_uuid.get(dev.uuid.lower(), []), key=lambda p: p.pid))
             used = self._baseline_bytes + sum(p.used_bytes or 0 for p in procs)
+            used += unpinning.get(dev.uuid.lower(), 0)
             out.append(
                 GpuSample(
                     index=dev.index,

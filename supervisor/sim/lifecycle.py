@@ -1,7 +1,12 @@
 """The simulated server's launcher process: start-up, serving, SIGTERM, failure.
 
 Start-up: check the GPUs, spawn the ranks and the detokenizer, "load" the model
-(``SGLANG_SIM_STARTUP_S``), size the KV pool with the planner's math, become ready.
+(``SGLANG_SIM_STARTUP_S``), size the KV pool with the planner's math, pin the hierarchical
+cache's host pool (``SGLANG_SIM_PIN_S_PER_GIB`` × the node's pinned GiB: 0.58 s/GiB, the
+H200 figure, by default), become ready. At the stop each rank's GPU memory stays held
+while the node's host pool is unpinned (``SGLANG_SIM_UNPIN_S_PER_GIB``, 0.2 s/GiB; the
+ranks do it, ``sim.rank``), as SGLang's schedulers release it in userspace at a graceful
+exit and the kernel at any other (``mem_cache/pool_host/base.py:283-300``).
 
 SIGTERM or SIGINT, as SGLang 0.5.23 handles it (tokenizer_manager.py ``SignalHandler`` and
 ``sigterm_watchdog``): the server marks itself as exiting — /health and /health_generate
@@ -31,7 +36,7 @@ from types import FrameType
 from typing import Any
 
 from sglang_supervisor.planner import ModelSpec
-from sglang_supervisor.sglang.schema import BUNDLED_VERSION
+from sglang_supervisor.planner.nodes import NodeShare
 from sglang_supervisor.sim import capacity, info, metrics
 from sglang_supervisor.sim.children import Children, ServerFailure, signal_name
 from sglang_supervisor.sim.flags import ServerConfig, SimEnv, log
@@ -87,6 +92,9 @@ class Launcher:
         tokens = self.resolved.max_total_num_tokens
         self.max_total_num_tokens = tokens
         self.host_pool_tokens = self.resolved.host_pool_tokens
+        #: This node's pinned host pool: every rank's (what pinning and unpinning cost).
+        per_node = NodeShare.of(cfg.args).ranks_per_node
+        self.pinned_bytes = int(self.host_pool_tokens * self.cell_bytes * per_node)
         # One scheduler per DP worker, each with its own pool of ``tokens`` and its share
         # of max_running_requests (SGLang's rule, the lever's value when given).
         graph_bs = self.resolved.decode_graph_max_bs if cfg.cuda_graph else None
@@ -143,25 +151,7 @@ class Launcher:
         return info.model_info(self.cfg, self.runtime)
 
     def server_info(self) -> dict[str, Any]:
-        answer = dict(self.cfg.args)
-        answer.update(self.resolved.server_info())
-        answer.update(
-            mem_fraction_static=self.mem_fraction,
-            max_total_num_tokens=self.max_total_num_tokens,
-            max_running_requests=self.max_running_requests,
-            version=BUNDLED_VERSION,
-            simulated=True,
-            # One per DP worker, each with its own pool and share of the requests.
-            internal_states=[
-                {
-                    "max_total_num_tokens": self.max_total_num_tokens,
-                    "max_running_requests": self.engine.max_running,
-                    **self.runtime.internal_state(),  # set_internal_state's overrides
-                }
-                for _ in self.engine.workers
-            ],
-        )
-        return answer
+        return info.server_info(self.cfg, self.resolved, self.engine, self.runtime)
 
     def models(self) -> dict[str, Any]:
         return info.models(self.cfg, self.runtime)
@@ -210,7 +200,7 @@ class Launcher:
         cfg = self.cfg
         # check_gpus has bounded the ranks by the visible GPUs: one child per rank is safe.
         gpus = [self.env.visible_gpus[cfg.layout.gpu_id(r)] for r in range(cfg.num_ranks)]
-        self._children.spawn(gpus, self.rank_bytes)
+        self._children.spawn(gpus, self.rank_bytes, self.env.pins.unpin_s(self.pinned_bytes))
         if self._children.wait_registered(self._wait):
             return
         log(f"Load weight begin. avail mem={self.env.memory_bytes / 2**30:.2f} GB", "TP0")
@@ -242,6 +232,15 @@ class Launcher:
             )
             if self.resolved.hicache_log:
                 log(self.resolved.hicache_log, "TP0")
+            pin_s = self.env.pins.pin_s(self.pinned_bytes)
+            log(
+                f"(simulated: pinning {self.pinned_bytes / 2**30:,.1f} GiB of host memory over "
+                f"this node's ranks takes {pin_s:.1f} s at "
+                f"{self.env.pins.pin_s_per_gib:g} s per GiB)",
+                "TP0",
+            )
+            if self._wait(time.monotonic() + pin_s):
+                return
         log(
             f"max_total_num_tokens={self.max_total_num_tokens}, "
             f"max_running_requests={self.engine.max_running}, "

@@ -24,10 +24,10 @@ uncached prompt tokens a worker admits in one step (capped at the chunk) exceed
 (``sglang_supervisor.sim.capacity.prefill_limit_tokens``) — the prefill runs out of memory:
 admission stops and ``prefill_oom`` holds the tokens, for the launcher to crash on.
 
-The prefix cache holds the prompts (real requests) or shared prefixes (synthetic ones)
-of running requests, plus, LRU, as many finished ones as the free device pool and the
-hierarchical cache's host pool hold. A hit skips that part of the prefill. The host pool
-raises the hit rate; it never admits more requests, since admission counts device tokens.
+The prefix cache (``sim.prefixcache``: what it keeps and evicts, and SGLang's counters)
+holds running requests' prompts or shared prefixes and, LRU, what finished ones left in
+the free device pool, then the host pool. A hit skips that part of the prefill. The host
+pool raises the hit rate; it never admits more requests (admission counts device tokens).
 
 ``SGLANG_SIM_LOAD=rate=R,avg_tokens=T[,out_tokens=O][,seed=S][,max_queue=Q]
 [,prefixes=N][,prefix_share=F]``: requests arrive as a Poisson process at R per second
@@ -103,7 +103,7 @@ class Engine:
         self._accepting = True
         self._synthetic_stopped = False
         self.tokens_per_s = tokens_per_s
-        self.workers = [_Worker() for _ in range(max(1, workers))]
+        self.workers = [_Worker(self.host_cache_tokens) for _ in range(max(1, workers))]
         self._next_worker = 0
         self._finishing: list[tuple[float, int, Request]] = []
         self._seq = itertools.count()
@@ -259,6 +259,13 @@ class Engine:
             turned_away_total=self._turned_away,
             ttft_sum_s=sum(p.ttft_sum_s for p in parts),
             ttft_count=sum(p.ttft_count for p in parts),
+            evicted_tokens_total=sum(p.evicted_tokens_total for p in parts),
+            evictable_tokens=sum(p.evictable_tokens for p in parts),
+            cached_device_tokens_total=sum(p.cached_device_tokens_total for p in parts),
+            cached_host_tokens_total=sum(p.cached_host_tokens_total for p in parts),
+            load_back_tokens_total=sum(p.load_back_tokens_total for p in parts),
+            host_used_tokens=sum(p.host_used_tokens for p in parts),
+            host_total_tokens=sum(p.host_total_tokens for p in parts),
         )
 
     def worker_stats(self) -> list[EngineStats]:
@@ -287,6 +294,13 @@ class Engine:
             turned_away_total=self._turned_away,
             ttft_sum_s=w.ttft_sum_s,
             ttft_count=w.ttft_count,
+            evicted_tokens_total=w.cache.evicted_total,
+            evictable_tokens=w.cache.device_used,
+            cached_device_tokens_total=w.cache.cached_device_total,
+            cached_host_tokens_total=w.cache.cached_host_total,
+            load_back_tokens_total=w.cache.load_back_total,
+            host_used_tokens=w.cache.host_used,
+            host_total_tokens=w.cache.host_tokens,
         )
 
     def _dispatch(self, req: Request) -> None:
@@ -361,22 +375,22 @@ class Engine:
         w.running_keys[req.key] -= 1
         if w.running_keys[req.key] <= 0:
             del w.running_keys[req.key]
+        # Its own KV stays in the radix tree, evictable: never reused, it only takes room.
+        rest = req.need - req.prefix_tokens
+        if rest > 0:
+            w.cache.insert(f"u:{next(self._seq)}", rest, self.max_total_num_tokens - w.used)
 
     def _lookup(self, w: _Worker, req: Request) -> int:
-        """Cached prompt tokens of ``req``; then mark its key in use and remember it (LRU
-        within the worker's free device pool plus the host pool)."""
-        hit = w.hit(req)
+        """Cached prompt tokens of ``req``; then mark its key in use and remember it (LRU:
+        the worker's free device pool, then the host pool)."""
+        source = "device" if w.running_keys[req.key] > 0 else w.cache.where(req.key)
         w.running_keys[req.key] += 1
-        if req.key in w.lru:
-            w.lru.move_to_end(req.key)
-        else:
-            w.lru[req.key] = req.prefix_tokens
-            w.lru_used += req.prefix_tokens
-        room = max(0, self.max_total_num_tokens - w.used) + self.host_cache_tokens
-        while w.lru_used > room and w.lru:
-            _, size = w.lru.popitem(last=False)
-            w.lru_used -= size
-        return req.prefix_tokens if hit else 0
+        if req.prefix_tokens > 0:
+            w.cache.insert(req.key, req.prefix_tokens, self.max_total_num_tokens - w.used)
+        if source is None:
+            return 0
+        w.cache.served(source, req.prefix_tokens)
+        return req.prefix_tokens
 
     @staticmethod
     def _duration(req: Request) -> float:

@@ -9,6 +9,14 @@ counters with ``model_name`` and ``engine_type`` (``tokenizer_metric_labels``).
 (attention DP, or DP replicas) each worker's scheduler exports its own gauges, from the
 first rank of its group, with a ``dp_rank`` label (``metrics_collector.py:1360-1393``); a
 scraper sums them (the supervisor's telemetry does).
+
+The radix cache's own counters (``sglang:evicted_tokens_total``,
+``sglang:load_back_tokens_total``: ``RadixCacheMetricsCollector``, :2434-2560) come from
+*every* rank, each counting its own KV shard under ``cache_type``, ``tp_rank`` (the
+attention-TP rank), ``pp_rank`` and ``dp_rank`` (``radix_cache_metric_labels``,
+:2414-2432): summed over ranks they are TP × the tokens, so a scraper reads one rank per
+DP worker. ``cache_type`` is the tree's class, ``UnifiedRadixCache`` by default
+(``mem_cache/registry.py:83-147``).
 """
 
 from __future__ import annotations
@@ -24,10 +32,13 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from sglang_supervisor.sim.load import Engine
+from sglang_supervisor.sim.load import Engine, EngineStats
 
 SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
 TOKENIZER_LABELS = ("model_name", "engine_type")
+RADIX_CACHE_LABELS = ("cache_type", "tp_rank", "pp_rank", "dp_rank")
+#: The tree SGLang 0.5.23 builds by default (``mem_cache/registry.py:147``).
+RADIX_CACHE_TYPE = "UnifiedRadixCache"
 
 
 class SglangMetrics(Collector):
@@ -50,7 +61,23 @@ class SglangMetrics(Collector):
             ("sglang:gen_throughput", "The generation throughput (token/s)."),
             ("sglang:cache_hit_rate", "The prefix cache hit rate."),
             ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."),
+            (
+                "sglang:kv_evictable_tokens",
+                "Number of evictable (radix-cached) token slots in the KV cache pool.",
+            ),
         ]
+        hicache = self._engine.host_cache_tokens > 0
+        if hicache:  # only with the hierarchical cache (metrics_collector.py:767-779)
+            families += [
+                (
+                    "sglang:hicache_host_used_tokens",
+                    "Number of tokens currently used in the host KV cache.",
+                ),
+                (
+                    "sglang:hicache_host_total_tokens",
+                    "Total capacity of the host KV cache in tokens.",
+                ),
+            ]
         gauges = {name: GaugeMetricFamily(name, doc, labels=labels) for name, doc in families}
         for worker, w in enumerate(parts):
             tp_rank = str(worker * attn_tp)
@@ -65,9 +92,19 @@ class SglangMetrics(Collector):
                 ("sglang:gen_throughput", w.gen_throughput),
                 ("sglang:cache_hit_rate", w.cache_hit_rate),
                 ("sglang:max_total_num_tokens", self._engine.max_total_num_tokens),
+                ("sglang:kv_evictable_tokens", w.evictable_tokens),
+                *(
+                    (
+                        ("sglang:hicache_host_used_tokens", w.host_used_tokens),
+                        ("sglang:hicache_host_total_tokens", w.host_total_tokens),
+                    )
+                    if hicache
+                    else ()
+                ),
             ):
                 gauges[name].add_metric(values, value)
         yield from gauges.values()
+        yield from self._radix_cache(parts, attn_tp)
         s = self._engine.stats()
         counters: list[tuple[str, str, float]] = [
             ("sglang:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total),
@@ -81,6 +118,18 @@ class SglangMetrics(Collector):
             c = CounterMetricFamily(name, doc, labels=list(TOKENIZER_LABELS))
             c.add_metric([self._model, "unified"], value)
             yield c
+        cached = CounterMetricFamily(
+            "sglang:cached_tokens",
+            "Number of cached prompt tokens by source (device/host/storage).",
+            labels=[*TOKENIZER_LABELS, "cache_source"],
+        )
+        for source, value in (
+            ("device", s.cached_device_tokens_total),
+            ("host", s.cached_host_tokens_total),
+        ):
+            if value > 0:  # SGLang reports a source once it served tokens (:2118-2124)
+                cached.add_metric([self._model, "unified", source], value)
+        yield cached
         # SGLang's TTFT histogram (metrics_collector.py:2040, with ``is_streaming``): the
         # simulation keeps the sum and the count, so only the +Inf bucket is exported.
         h = HistogramMetricFamily(
@@ -92,6 +141,30 @@ class SglangMetrics(Collector):
             [self._model, "unified", "false"], [("+Inf", s.ttft_count)], sum_value=s.ttft_sum_s
         )
         yield h
+
+    def _radix_cache(self, parts: list[EngineStats], attn_tp: int) -> Iterator[Metric]:
+        """Each rank's radix-cache counters: its DP worker's tree, the same count on every
+        attention-TP rank of the worker."""
+        evicted = CounterMetricFamily(
+            "sglang:evicted_tokens",
+            "The number of device KV token slots freed by eviction, regardless of whether "
+            "the data was backed up to host or destroyed.",
+            labels=list(RADIX_CACHE_LABELS),
+        )
+        load_back = CounterMetricFamily(
+            "sglang:load_back_tokens",
+            "The number of tokens loaded back from local host DRAM (L2) to GPU, by host pool.",
+            labels=[*RADIX_CACHE_LABELS, "pool"],
+        )
+        for worker, w in enumerate(parts):
+            for tp_rank in range(attn_tp):
+                labels = [RADIX_CACHE_TYPE, str(tp_rank), "0", str(worker)]
+                evicted.add_metric(labels, w.evicted_tokens_total)
+                if self._engine.host_cache_tokens > 0:
+                    load_back.add_metric([*labels, "kv"], w.load_back_tokens_total)
+        yield evicted
+        if self._engine.host_cache_tokens > 0:
+            yield load_back
 
 
 def decode_lines(engine: Engine, ranks: int) -> list[tuple[str, str]]:

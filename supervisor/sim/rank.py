@@ -4,7 +4,10 @@ A rank "holds" GPU memory by registering it in the simulated-GPU registry
 (``<registry>/<pid>.json``, written atomically); the simulated probe counts it for as long
 as this process is alive and not a zombie. The rank then idles until SIGTERM (exit 0) or
 SIGKILL. It does not watch its parent: a launcher killed alone leaves its ranks holding
-memory, as real SGLang schedulers do.
+memory, as real SGLang schedulers do. With a pinned host pool (``--unpin-s``) its memory
+stays held that long past the SIGTERM (``held_until`` in its entry): unpinning is what a
+real rank's exit waits for, in userspace or in the kernel. A SIGKILL frees it at once
+(the simulation cannot outlive it; a real rank would not free any sooner).
 
 Standard library only, so that nine of these start fast.
 """
@@ -37,10 +40,18 @@ def create_time(pid: int) -> float | None:
         return None
 
 
-def register(registry: Path, gpu_uuid: str, nbytes: int) -> Path:
-    """Write this process's registry entry atomically (tmp file + ``os.replace``)."""
+def register(registry: Path, gpu_uuid: str, nbytes: int, held_until: float | None = None) -> Path:
+    """Write this process's registry entry atomically (tmp file + ``os.replace``);
+    ``held_until`` (unix time): the memory stays held that long after the process."""
     pid = os.getpid()
-    entry = {"pid": pid, "create_time": create_time(pid), "gpu_uuid": gpu_uuid, "bytes": nbytes}
+    entry: dict[str, object] = {
+        "pid": pid,
+        "create_time": create_time(pid),
+        "gpu_uuid": gpu_uuid,
+        "bytes": nbytes,
+    }
+    if held_until is not None:
+        entry["held_until"] = held_until
     path = registry / f"{pid}.json"
     tmp = registry / f".{pid}.json.tmp"
     tmp.write_text(json.dumps(entry))
@@ -57,6 +68,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--detokenizer", action="store_true")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--setsid", action="store_true")
+    p.add_argument("--unpin-s", type=float, default=0.0)
     return p.parse_args(argv)
 
 
@@ -93,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(3600)  # only SIGKILL ends this process
     received = signal.sigwait(stop_signals)
     _log(name, f"received {signal.Signals(received).name}; exiting (pid {os.getpid()})")
-    if entry is not None:
+    if entry is not None and args.unpin_s > 0:
+        # The GPU memory stays held until the host pool is unpinned.
+        register(args.registry, args.gpu_uuid, args.bytes, time.time() + args.unpin_s)
+        _log(name, f"unpinning the host pool: its GPU memory is held {args.unpin_s:.1f} s more")
+    elif entry is not None:
         # Cosmetic: the probe ignores entries of dead pids anyway.
         entry.unlink(missing_ok=True)
     return 0

@@ -66,7 +66,12 @@ def test_applying_the_plan_raises_the_pool_by_the_prediction(
     d = daemon_factory(gpus=4).start()
     before = d.status()["server"]["max_total_num_tokens"]
 
+    # An idle server has no bottleneck: a target is the operator's own reason to resize.
+    wait_until(lambda: d.status()["throughput"]["source"], 10, 0.1, "the server's metrics")
     r = d.client.post("/plan", json={"avg_tokens": 8000})
+    assert r.status_code == 200, r.text
+    assert r.json()["levers"] == {} and r.json()["bottleneck"]["kind"] == "not_saturated"
+    r = d.client.post("/plan", json={"avg_tokens": 8000, "target_concurrency": 400})
     assert r.status_code == 200, r.text
     plan: dict[str, Any] = r.json()
     assert plan["current"]["kv_tokens_per_rank"] == before  # plan and simulation agree
@@ -75,13 +80,20 @@ def test_applying_the_plan_raises_the_pool_by_the_prediction(
     assert plan["hardware"]["host_ram_source"] == "simulated RAM available"
     assert plan["hardware"]["host_ram_available_bytes"] == 2048 * GiB
     assert plan["proposed"]["host_ram_needed_bytes"] <= 2048 * GiB - 10 * GiB
-    assert {"kv_cache_dtype", "mem_fraction_static", "hicache_size"} <= set(plan["levers"])
+    assert {"kv_cache_dtype", "mem_fraction_static"} <= set(plan["levers"])
+    assert "hicache_size" not in plan["levers"]  # no evidence of prefixes lost to eviction
     assert plan["apply"]["body"] == {"levers": plan["levers"]}
+    # The serving server's start was measured: the plan's load part starts from it.
+    load = next(p for p in plan["expected_downtime"]["parts"] if p["name"] == "load")
+    assert load["seconds"] is not None and "the serving server started in" in load["basis"]
 
     # The CLI applies it as one operation and exits 0 on success.
-    code, out, err = plan_cli("--url", d.url, "--avg-tokens", "8000", "--apply")
+    code, out, err = plan_cli(
+        "--url", d.url, "--avg-tokens", "8000", "--target-concurrency", "400", "--apply"
+    )
     assert code == 0, err + out
     assert "KV tokens per rank" in out and ": succeeded" in out
+    assert "Expected   ≈" in out and "without service" in out
 
     after = d.status()
     assert after["state"] == "ready"
@@ -93,7 +105,9 @@ def test_applying_the_plan_raises_the_pool_by_the_prediction(
     assert after["levers"]["kv_cache_dtype"] == "fp8_e4m3"
 
     # Planned again, nothing is left to change, and --json is machine-readable.
-    code, out, _ = plan_cli("--url", d.url, "--avg-tokens", "8000", "--json")
+    code, out, _ = plan_cli(
+        "--url", d.url, "--avg-tokens", "8000", "--target-concurrency", "400", "--json"
+    )
     assert code == 0
     assert json.loads(out)["levers"] == {}
 

@@ -157,6 +157,9 @@ class Sims:
                 "SGLANG_SIM_STARTUP_S": "0.2",
                 "SGLANG_SIM_HEALTH_S": "0.01",
                 "SGLANG_SIM_DRAIN_CHECK_S": "0.2",
+                # No pinning time (the H200 figure would make a large host pool take minutes).
+                "SGLANG_SIM_PIN_S_PER_GIB": "0",
+                "SGLANG_SIM_UNPIN_S_PER_GIB": "0",
                 "SGLANG_SIM_FAULTS": faults,
                 "CUDA_VISIBLE_DEVICES": ",".join(sim_gpu_uuid(i) for i in range(gpus)),
             }

@@ -256,6 +256,9 @@ def test_status_page_through_a_kv_bound_incident(
     shots = Path(os.environ.get("SGLANG_SUPERVISOR_SCREENSHOTS") or tmp_path)
     d = daemon_factory(
         timeouts={"diagnosis_hold_s": 4},  # the alert's 3 minutes, shortened for the test
+        # A host cache, if its evidence holds when the plan is asked, of ~560 GiB pinned at
+        # 0.005 s/GiB: its cost shows, and the apply pins it in ~3 s.
+        sim={"host_ram_gib": 640, "pin_s_per_gib": 0.005, "unpin_s_per_gib": 0.005},
         extra={
             "server": {
                 "env": {"SGLANG_SIM_LOAD": INCIDENT_LOAD},
@@ -279,9 +282,18 @@ def test_status_page_through_a_kv_bound_incident(
         assert p.js(f"{DIAGNOSIS}.style.display") == "block"
         assert "KV-cache bound" in p.text("#diagnosis") and "POST /plan" in p.text("#diagnosis")
         # The plan's proposal in the banner: each lever, now -> proposed.
-        p.wait("!!document.querySelector('#plan-changes tr[data-change=\"kv_cache_dtype\"]')", 15)
+        # (SGLang's own resolution, where the daemon has it, imports SGLang first: slow.)
+        p.wait("!!document.querySelector('#plan-changes tr[data-change=\"kv_cache_dtype\"]')", 60)
         assert p.text("#plan-changes tr[data-change='kv_cache_dtype']").endswith("→ fp8_e4m3")
         assert p.js("document.getElementById('plan-apply').disabled"), "apply before a dry run"
+        # Its cost before the click: the time without service, and why a host cache (not).
+        cost = p.text("#plan-downtime")
+        assert cost.startswith("Cost: ") and "without service" in cost and "stop" in cost, cost
+        host = p.text("#plan-host-cache")
+        assert host.startswith(("No host cache: ", "Host cache proposed: ")), host
+        if host.startswith("Host cache proposed: "):
+            pin = p.text("#plan-lever-costs li[data-lever='enable_hierarchical_cache']")
+            assert "start +" in pin and "[sim] pin_s_per_gib" in pin, pin
         p.screenshot(shots / "status-page-kv-bound.png")
 
         # One click: the dry run of the plan (validate + preflight; nothing stops).
@@ -291,7 +303,12 @@ def test_status_page_through_a_kv_bound_incident(
         # Apply asks first; "no" changes nothing.
         p.click("#plan-apply")
         p.wait("document.getElementById('confirm-box').style.display === 'block'", 5)
-        assert "server restarts" in p.text("#confirm-text")
+        confirm = p.text("#confirm-text")
+        assert "server restarts" in confirm
+        # A lone server is not drained first (docs/router.md): the confirmation says so.
+        assert "drained first" not in confirm and "no router in front of this server" in confirm
+        assert "requests in flight: SGLang serves on while it drains" in confirm, confirm
+        assert "without service" in confirm
         p.click("#confirm-yes")
         # The header shows the apply and its phase, not the server's "ready".
         p.wait(
@@ -316,6 +333,12 @@ def test_status_page_through_a_kv_bound_incident(
         )
         assert "kv_cache_dtype (unset) → fp8_e4m3" in diff, diff
         assert "mem_fraction_static 0.85 → 0.928" in diff, diff
+        # The row says how long it was without service, measured, and what it expected.
+        down = p.js(
+            "[...document.querySelectorAll('#operations tbody tr')]"
+            ".find(r => r.children[1].innerText === 'apply').children[6].innerText"
+        )
+        assert re.fullmatch(r"\d+\.\d s \(expected \d+(\.\d+)? s\)", down), down
         # The banner clears once the new levers carry the load (the kind must hold too).
         p.wait(f"{DIAGNOSIS}.dataset.kind === 'not_saturated'", 40, "the banner to clear")
         assert p.js(f"{DIAGNOSIS}.style.display") == "none"

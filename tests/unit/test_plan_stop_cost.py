@@ -13,6 +13,7 @@ from sglang_supervisor import planner
 from sglang_supervisor.config import TimeoutSettings
 from sglang_supervisor.planner.stopcost import StopBudget
 from tests.planner_cases import H200, planner_model
+from tests.planner_evidence import kv_bound
 
 GiB = 1 << 30
 
@@ -31,7 +32,9 @@ def _plan(stop: StopBudget | None) -> planner.Plan:
     hw = planner.Hardware(
         gpus=8, gpu_memory_bytes=H200, host_ram_available_bytes=2048 * GiB, stop=stop
     )
-    return planner.propose(planner_model("DeepSeek-V3"), hw, {"tp_size": 8}, avg_tokens=4096)
+    return planner.propose(
+        planner_model("DeepSeek-V3"), hw, {"tp_size": 8}, avg_tokens=4096, live=kv_bound()
+    )
 
 
 def test_without_a_budget_the_plan_pins_1833_gib() -> None:

@@ -20,6 +20,7 @@ from sglang_supervisor.host import preflight
 from sglang_supervisor.planner import GB, Hardware, LiveLoad, PlanError
 from sglang_supervisor.sglang.levers import LeverSet, check_levers
 from sglang_supervisor.sglang.schema import load_bundled
+from tests.planner_evidence import kv_bound
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -304,7 +305,7 @@ def sim_70b() -> planner.ModelSpec:
 def test_proposal_for_the_simulated_default() -> None:
     hw = Hardware(gpus=8, gpu_memory_bytes=H200, host_ram_available_bytes=2048 * GiB)
     current = {"model_path": "sim/llama", "tp_size": 8, "mem_fraction_static": 0.85}
-    plan = planner.propose(sim_70b(), hw, current, avg_tokens=32_000)
+    plan = planner.propose(sim_70b(), hw, current, avg_tokens=32_000, live=kv_bound())
     assert plan.current.kv_tokens_per_rank == 2_697_548
     assert plan.levers["kv_cache_dtype"] == "fp8_e4m3"
     assert plan.levers["mem_fraction_static"] == 0.928

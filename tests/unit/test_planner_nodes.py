@@ -27,6 +27,7 @@ from sglang_supervisor.planner import Hardware, PlanError, proposal
 from sglang_supervisor.planner.nodes import NodeShare, candidate_node_problem
 from sglang_supervisor.sglang.levers import LeverSet
 from sglang_supervisor_api.plan import PlanRequest, make_plan, node_gpus
+from tests.planner_evidence import kv_bound
 from tests.sglang_env import SGLANG_PYTHON
 from tests.unit.fakes import make_rig, run
 from tests.unit.test_cli_plan import plan as cli_plan
@@ -123,8 +124,9 @@ def test_plan_for_tp16_on_two_nodes_of_8_h200() -> None:
 
 def test_host_cache_is_budgeted_over_one_nodes_ranks() -> None:
     # Each node has its own host RAM: 8 ranks share 1 TiB, as tp8 on one host does.
-    two = planner.propose(deepseek(), hardware(8, 1024), TP16_2NODES, avg_tokens=4096)
-    one = planner.propose(deepseek(), hardware(8, 1024), {"tp_size": 8}, avg_tokens=4096)
+    live = kv_bound()  # shared prefixes lost to eviction: the host cache's evidence
+    two = planner.propose(deepseek(), hardware(8, 1024), TP16_2NODES, avg_tokens=4096, live=live)
+    one = planner.propose(deepseek(), hardware(8, 1024), {"tp_size": 8}, avg_tokens=4096, live=live)
     assert two.levers["hicache_size"] == one.levers["hicache_size"] > 0
     assert two.proposed.host_ram_needed_bytes_per_node == one.proposed.host_ram_needed_bytes
 

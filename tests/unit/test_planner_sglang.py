@@ -20,6 +20,7 @@ from sglang_supervisor.host.gpu import GpuInfo
 from sglang_supervisor.sglang.levers import LeverSet
 from sglang_supervisor.sim import capacity
 from tests.planner_cases import CASES, H200, MODELS, Case, planner_model
+from tests.planner_evidence import kv_bound
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -133,7 +134,14 @@ def test_deprecated_attention_dp_spelling_is_planned_not_refused() -> None:
 
 @pytest.mark.parametrize("refusing", ["disable_radix_cache", "enable_lmcache"])
 def test_never_proposes_the_hierarchical_cache_sglang_refuses(refusing: str) -> None:
-    plan = _dsv3_plan({"tp_size": 8, refusing: True})
+    hw = planner.Hardware(gpus=8, gpu_memory_bytes=H200, host_ram_available_bytes=2000 * GiB)
+    model, levers = planner_model("DeepSeek-V3"), {"tp_size": 8, refusing: True}
+    # The evidence would support one (shared prefixes lost to eviction): SGLang refuses it.
+    assert (
+        "enable_hierarchical_cache"
+        in planner.propose(model, hw, {"tp_size": 8}, avg_tokens=4096, live=kv_bound()).levers
+    )
+    plan = planner.propose(model, hw, levers, avg_tokens=4096, live=kv_bound())
     assert "enable_hierarchical_cache" not in plan.levers
     assert not plan.proposed.hierarchical_cache
 
