@@ -49,6 +49,9 @@ class PhaseName(enum.StrEnum):
     ROUTER_REMOVE = "router_remove"
     #: ...and the new one added, listed healthy by the router, before the commit.
     ROUTER_ADD = "router_add"
+    #: An operator's cancel that came after the operation's last step that could end
+    #: it: not honoured, and said so rather than dropped.
+    CANCEL = "cancel"
 
 
 class PhasePrefix(enum.StrEnum):

@@ -194,6 +194,10 @@ async def wait_ready(
             # exited since is nobody's: the next poll sees whether it was this launch.
             found = await ownership.listeners_of(parts, record, handle)
             if found.ours:
+                # A cancel accepted while this probe ran is honoured here, not dropped:
+                # nothing after this point of a start would notice it.
+                if op.cancel_requested is not None:
+                    checkpoint(stop, op)
                 break
             where = parts.settings.server
             text = found.describe(where.host, where.port, handle.pid)
