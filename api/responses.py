@@ -237,7 +237,11 @@ class DriftModel(BaseModel):
 
 class StatusAnswer(_Open):
     version: str = Field(description="the daemon's version")
-    state: str = Field(description="stopped, starting, ready, draining, stopping, ...")
+    state: str = Field(
+        description="one of docs/states.md: loading (the daemon's start-up has not yet found "
+        "out what runs), stopped, starting, ready, draining, stopping, releasing, backoff, "
+        "failed"
+    )
     state_reason: str
     state_for_s: float
     backend: str = Field(description="sglang or simulated")

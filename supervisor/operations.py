@@ -127,6 +127,15 @@ class Operation:
 
     def finish(self, state: str, error: str | None = None) -> None:
         assert state in OUTCOMES, state
+        late, self.cancel_requested = self.cancel_requested, None
+        if late is not None:
+            # Accepted, then no phase boundary came (the start was past its last wait):
+            # the operator reads that it was too late, never a silent success.
+            self.phase(PhaseName.CANCEL).end(
+                FAILED,
+                f"{late}, after the operation's last step that could end it: not honoured; "
+                f"the operation ended {state}",
+            )
         self.state = state
         if error is not None:
             self.error = error

@@ -57,6 +57,9 @@ class PhaseName(enum.StrEnum):
     WEIGHTS = "weights"
     #: ...and read back from it before the commit.
     VERIFY = "verify"
+    #: An operator's cancel that came after the operation's last step that could end
+    #: it: not honoured, and said so rather than dropped.
+    CANCEL = "cancel"
 
 
 class PhasePrefix(enum.StrEnum):

@@ -11,6 +11,10 @@ import enum
 
 
 class ServerState(enum.StrEnum):
+    #: The daemon's start-up: it reads its state, SGLang's flag schema and the GPUs, then
+    #: looks for what runs on them (a server an earlier daemon left, its leftovers). What
+    #: the server is, is not known yet: neither stopped nor running.
+    LOADING = "loading"
     STOPPED = "stopped"
     STARTING = "starting"
     READY = "ready"
@@ -25,7 +29,12 @@ S = ServerState
 
 #: Every allowed edge, ``old -> {new, ...}``.
 ALLOWED: dict[ServerState, frozenset[ServerState]] = {
-    # stopped -> stopping: leftovers of ours found at start-up are torn down first.
+    # loading -> starting: a launch, or the adoption of an earlier daemon's server;
+    # loading -> stopping: that daemon's leftovers are torn down first; loading ->
+    # stopped: nothing of ours runs, and start-up starts nothing (an operator's stop
+    # holds, a foreign process holds a GPU, the GPUs cannot be read).
+    S.LOADING: frozenset({S.STARTING, S.STOPPING, S.STOPPED}),
+    # stopped -> stopping: a shutdown or a clean-up before a start (nothing may be left).
     S.STOPPED: frozenset({S.STARTING, S.STOPPING}),
     # starting -> stopping: start failed (exit, OOM, readiness timeout) or was cancelled.
     S.STARTING: frozenset({S.READY, S.STOPPING}),
@@ -46,6 +55,8 @@ ALLOWED: dict[ServerState, frozenset[ServerState]] = {
 PROCESS_STATES = frozenset({S.STARTING, S.READY, S.DRAINING, S.STOPPING, S.RELEASING})
 #: States in which nothing of ours should be running.
 IDLE_STATES = frozenset({S.STOPPED, S.BACKOFF, S.FAILED})
+#: States in which the daemon does not know yet whether anything of ours runs.
+UNKNOWN_STATES = frozenset({S.LOADING})
 
 
 class TransitionError(RuntimeError):

@@ -107,9 +107,9 @@ class ServerRecord:
         self._on_change = on_change
         #: Called with (old, new, reason) after every transition (the metrics).
         self.on_transition: list[TransitionHook] = []
-        self.state = ServerState.STOPPED
+        self.state = ServerState.LOADING
         self.state_since = clock()
-        self.state_reason = "daemon started"
+        self.state_reason = "daemon started: loading its state, SGLang's flag schema, the GPUs"
         #: The levers serving (or about to): they change only at commit or rollback.
         self.levers = LeverSet()
         self.last_good: LeverSet | None = None

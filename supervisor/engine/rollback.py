@@ -151,6 +151,7 @@ def fail_state(record: ServerRecord, why: str) -> None:
     """The last resort when even ``contain`` raised: walk the allowed edges to ``failed``,
     so /status says an operator is needed instead of showing a state nothing backs."""
     path = {
+        S.LOADING: S.STOPPING,
         S.STARTING: S.STOPPING,
         S.READY: S.STOPPING,
         S.DRAINING: S.STOPPING,

@@ -204,6 +204,7 @@ async def wait_ready(
     t0 = parts.clock()
     deadline = t0 + t.ready_timeout_s
     impostor: str | None = None  # who answered 200 without being this launch
+    vanished: str | None = None  # a 200 whose listener had exited by the time we looked
     while True:
         if handle.poll():
             why = await exit_reason(handle, "during start")
@@ -218,6 +219,12 @@ async def wait_ready(
                     f"not ready after {t.ready_timeout_s:g}s (ready_timeout_s): "
                     f"/health_generate answered 200, but not from this launch: {impostor}"
                 )
+            if vanished is not None:
+                raise StartFailed(
+                    f"not ready after {t.ready_timeout_s:g}s (ready_timeout_s): "
+                    f"/health_generate answered 200, but {vanished}; pid {handle.pid} was "
+                    "still running"
+                )
             raise StartFailed(
                 f"not ready after {t.ready_timeout_s:g}s (ready_timeout_s): "
                 f"/health_generate never answered 200; pid {handle.pid} was still running"
@@ -225,11 +232,21 @@ async def wait_ready(
         probe = await parts.health.generate_ok(parts.url, min(5.0, max(0.5, remaining)))
         if probe.ok:
             # A 200 counts only from a listener of this launch (another process on the
-            # port would answer for a launch whose own bind failed).
-            other = await ownership.foreign_listener(parts, record, handle)
-            if other is None:
+            # port would answer for a launch whose own bind failed). A listener that has
+            # exited since is nobody's: the next poll sees whether it was this launch.
+            found = await ownership.listeners_of(parts, record, handle)
+            if found.ours:
+                # A cancel accepted while this probe ran is honoured here, not dropped:
+                # nothing after this point of a start would notice it.
+                if op.cancel_requested is not None:
+                    checkpoint(stop, op)
                 break
-            impostor = other
+            where = parts.settings.server
+            text = found.describe(where.host, where.port, handle.pid)
+            if found.foreign:
+                impostor = text
+            else:
+                vanished = text
         # Probing often keeps the lag between "ready" and noticing it short; after the
         # first 10 s (a real model load takes minutes) a tenth of the rate is enough.
         interval = t.readiness_poll_s if parts.clock() - t0 < 10 else t.readiness_poll_s * 10

@@ -128,18 +128,31 @@ async def initial_start(
             await clear_leftovers(parts, record, stop, op, members)
         await measure_baseline(parts, record)
     except StartFailed as exc:
+        nothing_runs(record, f"not started: {exc}")
         op.finish(FAILED, str(exc))
         return
-    checkpoint(stop, op)
+    try:
+        checkpoint(stop, op)
+    except Cancelled as exc:
+        if exc.shutdown:
+            raise
+        # An operator's cancel before anything started: a stop as well, and it holds.
+        await parts.journal.record_operator_stop(op.id)
+        why = f"{exc}: nothing was started and the server stays stopped; POST /start to start it"
+        nothing_runs(record, why)
+        op.finish(FAILED, why)
+        return
     if persisted.stopped_by is not None:
-        op.phase(PhaseName.START).end(
-            SUCCEEDED,
+        why = (
             f"not started: an operator stopped the server (operation {persisted.stopped_by}) "
-            "before the daemon restarted; POST /start to start it",
+            "before the daemon restarted; POST /start to start it"
         )
+        nothing_runs(record, why)
+        op.phase(PhaseName.START).end(SUCCEEDED, why)
         op.finish(SUCCEEDED)
         return
     if await refuse_if_foreign(parts, record, op):
+        nothing_runs(record, op.error or "not started: a foreign process holds a managed GPU")
         return
     # levers_source = "config": the file's levers may not be the last-good set. Untested,
     # they start as an apply's do: on probation, and failing, the last-good levers come
@@ -177,14 +190,26 @@ async def initial_start(
     await commit(parts, record, op, record.levers)
 
 
+def nothing_runs(record: ServerRecord, why: str) -> None:
+    """Start-up found nothing of ours running and starts nothing: loading -> stopped
+    (after torn-down leftovers the state is stopped already)."""
+    if record.state == S.LOADING:
+        record.transition(S.STOPPED, why)
+
+
 async def cancelled_start_up(
-    parts: Parts, record: ServerRecord, stop: StopRequest, op: Operation
+    parts: Parts,
+    record: ServerRecord,
+    stop: StopRequest,
+    op: Operation,
+    what: str = "the start-up launch",
 ) -> None:
-    """An operator cancelled the daemon's own start-up launch: that is a stop, not a
-    crash. Tear it down, stay stopped (across daemon restarts too, as after a stop) and
-    say so; nothing is relaunched."""
+    """An operator cancelled the daemon's start-up while it launched ``what`` or adopted
+    it (a server an earlier daemon left, still loading): that is a stop, not a crash.
+    Recorded as an operator's stop before anything is stopped, so it holds across daemon
+    restarts as after ``POST /stop``; torn down, stopped, said; nothing is relaunched."""
     why = (
-        f"{op.cancelled}: the start-up launch was torn down and the server stays stopped; "
+        f"{op.cancelled}: {what} was torn down and the server stays stopped; "
         "POST /start to start it"
     )
     await parts.journal.record_operator_stop(op.id)
@@ -256,9 +281,9 @@ async def try_adopt(
         if exc.shutdown:
             raise
         ph.end(FAILED, str(exc))
-        why = f"{exc}; pid {recorded.pid} was torn down: POST /start or /levers"
-        await stop_and_release(parts, record, stop, op, why, S.STOPPED, prefix=PhasePrefix.CLEANUP)
-        op.finish(FAILED, why)
+        await cancelled_start_up(
+            parts, record, stop, op, f"the adopted server (pid {recorded.pid})"
+        )
         return True
     ph.end(SUCCEEDED, f"pid {recorded.pid} adopted: no restart, levers {levers.digest()}")
     if interrupted_apply and not await finish_probation(parts, record, stop, op, handle):

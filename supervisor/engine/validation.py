@@ -20,7 +20,11 @@ from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.host.gpu import GpuInfo
 from sglang_supervisor.planner.sharding import model_dir_sharding_problems
 from sglang_supervisor.sglang.lever_limits import launch_topology_problems
-from sglang_supervisor.sglang.lever_paths import path_kinds
+from sglang_supervisor.sglang.lever_paths import (
+    PathChecksUnavailable,
+    check_where_the_server_runs,
+    path_kinds,
+)
 from sglang_supervisor.sglang.levers import (
     LeverError,
     LeverProblem,
@@ -55,7 +59,8 @@ def not_run_of(parts: Parts, verdict: Verdict | None) -> list[dict[str, str]]:
             {
                 "check": "SGLang's own parser, resolution and check_server_args",
                 "reason": f"{parts.settings.server.python} cannot run SGLang here "
-                f"({parts.schema_warning or 'no SGLang'}); only the schema was checked",
+                f"({parts.schema_warning or 'no SGLang'}); only the schema, the lever "
+                "limits and the levers' paths were checked",
             }
         ]
     return [
@@ -143,8 +148,34 @@ async def _degraded(
     info = record.sglang
     why = f"validation degraded: {info.reason}"
     if any(m.endswith(".prepare_server_args") for m in info.missing):
-        return checked, f"{detail}; {why}", None
-    return await _parse_only(parts, checked, detail, why)
+        paths = await _paths_here(parts, record, checked)
+        return checked, f"{detail}; {paths}; {why}", None
+    return await _parse_only(parts, record, checked, detail, why)
+
+
+async def _paths_here(parts: Parts, record: ReadRecord, checked: LeverSet) -> str:
+    """Where SGLang's resolution probe does not run (it checks them itself): the path-
+    and JSON-valued levers checked by this daemon against the server's working directory
+    (``lever_paths.check_where_the_server_runs``, in a worker thread).
+    Raises ``LeverError`` naming each; returns what ran, for the validate phase."""
+    t0 = time.monotonic()
+    try:
+        problems = await asyncio.to_thread(
+            check_where_the_server_runs,
+            checked.levers,
+            path_kinds(parts.schema),
+            parts.settings.server.cwd,
+        )
+    except PathChecksUnavailable as exc:
+        raise LeverError([LeverProblem("levers", str(exc))]) from exc
+    if problems:
+        raise LeverError(
+            [
+                LeverProblem(p["lever"], p["message"] + " (checked where the server runs)")
+                for p in problems
+            ]
+        )
+    return f"the levers' paths checked: {(time.monotonic() - t0) * 1e3:.0f} ms"
 
 
 async def validate_with_sglang(
@@ -181,10 +212,11 @@ async def validate_with_sglang(
         f"schema of SGLang {parts.schema.sglang_version}: {(time.monotonic() - t0) * 1e3:.1f} ms"
     )
     if not parts.schema_live:
-        return checked, detail + "; SGLang's own parser and resolution not available", None
+        paths = await _paths_here(parts, record, checked)
+        return checked, f"{detail}; {paths}; SGLang's own parser and resolution not available", None
     facts = gpu_facts(parts, record.managed)
     if facts is None:
-        return await _parse_only(parts, checked, detail)
+        return await _parse_only(parts, record, checked, detail)
     if not record.sglang.resolution_runs:
         return await _degraded(parts, record, checked, detail)
     try:
@@ -268,11 +300,14 @@ def describe_verdict(verdict: Verdict) -> str:
 
 async def _parse_only(
     parts: Parts,
+    record: ReadRecord,
     checked: LeverSet,
     detail: str,
     why: str = "the managed GPUs' compute capability is unknown",
 ) -> tuple[LeverSet, str, Verdict | None]:
-    """Stage (b) without resolution, when the managed GPUs' facts are unknown."""
+    """Stage (b) without resolution, when the managed GPUs' facts are unknown: the
+    levers' paths checked here, then SGLang's parser."""
+    detail += "; " + await _paths_here(parts, record, checked)
     try:
         verdict = await asyncio.to_thread(
             check_argv, parts.settings.server.python, flags(parts, checked)

@@ -7,24 +7,25 @@
   ``MAX_LAUNCH_BYTES`` (Linux refuses a single argument over 128 KiB and a whole
   argv + environment over ``ARG_MAX``, 2 MiB here; the bounds leave room for the
   daemon's own environment).
-* Ranges SGLang 0.5.23 needs but does not check before it loads the model (``RANGES``).
+* Ranges SGLang 0.5.23 needs but does not check before it loads the model (``RANGES``),
+  and every port-valued lever (``*_port``, ``dist_init_addr``'s port) within SGLang's
+  own 0-65535 (``port_problems``).
 * GPU ids: with ``base_gpu_id`` / ``gpu_id_step`` every rank's GPU id must be one of the
   managed GPUs (``check_gpu_ids``, given the managed GPU count).
 * The launch's topology (``launch_topology_problems``): no port-valued lever on the
   server's port or the daemon's API port.
-* The server's environment (``check_env_name``): a variable that makes the server load
-  code from a path — a library, a plugin, an injection, a kernel or extension cache — is
-  refused like ``LD_*``; the routine tuning families are accepted.
+* What the daemon's probes need (``probe_problems``): a server that answers plain HTTP
+  on ``server.host:server.port`` — no TLS, no gRPC in its place.
+* The server's environment: ``sglang_supervisor.sglang.lever_env``.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sglang_supervisor.sglang.layout import Layout
+from sglang_supervisor.sglang.layout import MAX_RANKS, Layout
 
 MAX_VALUE_BYTES = 16 * 1024
 MAX_LIST_ITEMS = 4096
@@ -50,7 +51,13 @@ RANGES: dict[str, tuple[float | None, bool, float | None, bool, str]] = {
     "hicache_size": (0, True, None, True, "GB of host memory per rank"),
     "hicache_ratio": (0.0, False, None, True, "host pool size relative to the device pool"),
     "schedule_conservativeness": (0.0, True, None, True, "SGLang: must be non-negative"),
+    # SGLang asserts >= 1 (arg_groups/validation_hook.py:273-274) and starts that many
+    # processes (uvicorn workers: entrypoints/http_server.py:3062): no host runs more.
+    "tokenizer_worker_num": (1, True, MAX_RANKS, True, "tokenizer processes"),
+    "detokenizer_worker_num": (1, True, MAX_RANKS, True, "detokenizer processes"),
 }
+#: SGLang's own port range (``utils/network.py:61`` ``MAX_VALID_PORT``, ``:536``).
+MAX_PORT = 65535
 #: Flags without which SGLang's parser refuses to start.
 REQUIRED = ("model_path",)
 
@@ -104,6 +111,7 @@ def required_problems(levers: Mapping[str, Any]) -> list[tuple[str, str]]:
 def range_problems(levers: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(lever, message) for each value outside what SGLang can start with."""
     out: list[tuple[str, str]] = []
+    out.extend(port_problems(levers))
     for name, (lo, lo_incl, hi, hi_incl, why) in RANGES.items():
         if name not in levers:
             continue
@@ -117,6 +125,83 @@ def range_problems(levers: Mapping[str, Any]) -> list[tuple[str, str]]:
             upper = "" if hi is None else f"{'≤' if hi_incl else '<'} {hi:g}"
             bounds = " and ".join(b for b in (lower, upper) if b)
             out.append((name, f"{name} {levers[name]!r} is out of range: must be {bounds} ({why})"))
+    return out
+
+
+def port_problems(levers: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(lever, message) for a port-valued lever outside SGLang's 0-65535, and for a
+    ``dist_init_addr`` SGLang cannot parse as ``host:port`` (``NetworkAddress.parse``,
+    ``utils/network.py:600-645``). SGLang checks a port's range only where it binds it
+    (``wait_port_available``, after the stop) or not at all."""
+    out: list[tuple[str, str]] = []
+    for name, value in levers.items():
+        if name == "dist_init_addr":
+            problem = _address_problem(value)
+            if problem is not None:
+                out.append((name, f"dist_init_addr {value!r} {problem}"))
+            continue
+        if not name.endswith("_port"):
+            continue
+        f = _number(value)
+        if f is not None and not 0 <= f <= MAX_PORT:
+            out.append(
+                (name, f"{name} {value!r} is not a TCP port: must be 0-{MAX_PORT} (SGLang's range)")
+            )
+    return out
+
+
+def _address_problem(value: Any) -> str | None:
+    """Why SGLang cannot read ``value`` as ``host:port`` (IPv6 in brackets), or None."""
+    if not isinstance(value, str):
+        return None
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        if not host or not rest.startswith(":"):
+            return "is not host:port (an IPv6 address is written [addr]:port)"
+        port_text = rest[1:]
+    else:
+        host, sep, port_text = value.rpartition(":")
+        if not sep or not host:
+            return "is not host:port: SGLang needs the host and the port"
+        if ":" in host:
+            return "is ambiguous: write an IPv6 address in brackets, [addr]:port"
+    try:
+        port = int(port_text)
+    except ValueError:
+        return f"has no port number after ':' ({port_text!r})"
+    if not 0 <= port <= MAX_PORT:
+        return f"has port {port}, which is not a TCP port: must be 0-{MAX_PORT} (SGLang's range)"
+    return None
+
+
+def probe_problems(levers: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(lever, message) for levers that make the server answer something other than
+    plain HTTP on its port, where the daemon probes ``/health_generate``: it would never
+    be seen ready. ``ssl_certfile`` + ``ssl_keyfile`` serve HTTPS (SGLang refuses either
+    alone: ``arg_groups/serving_hook.py:50-57``; ``entrypoints/http_server.py:2916-2943``);
+    ``grpc_mode`` / ``smg_grpc_mode`` serve gRPC instead of HTTP (``launch_server.py:44``)."""
+    out: list[tuple[str, str]] = []
+    tls = [name for name in ("ssl_certfile", "ssl_keyfile") if levers.get(name)]
+    if tls:
+        out.append(
+            (
+                tls[0],
+                f"{' and '.join(tls)} would make the server answer HTTPS only, but this "
+                "daemon (and its router) reach it over plain HTTP at server.host:server.port: "
+                "it would never be seen ready. Leave them unset and terminate TLS in front "
+                "of the server (a router or proxy)",
+            )
+        )
+    for name in ("grpc_mode", "smg_grpc_mode"):
+        if levers.get(name) is True:
+            out.append(
+                (
+                    name,
+                    f"{name} makes the server answer gRPC instead of HTTP on its port, where "
+                    "this daemon probes /health_generate: it would never be seen ready. "
+                    "Leave it unset (grpc_port starts SGLang's native gRPC server beside HTTP)",
+                )
+            )
     return out
 
 
@@ -188,92 +273,3 @@ def launch_topology_problems(
                 )
             )
     return out
-
-
-# ---------------------------------------------------------------- the environment
-
-#: Families an operator tunes per lever set.
-ENV_PREFIXES = (
-    "NCCL_",
-    "SGLANG_",
-    "SGL_",
-    "CUDA_",
-    "TORCH_",
-    "PYTORCH_",
-    "NVSHMEM_",
-    "GLOO_",
-    "HF_",
-    "TRITON_",
-    "UCX_",
-)
-ENV_NAMES = frozenset(
-    {
-        "OMP_NUM_THREADS",
-        "MKL_NUM_THREADS",
-        "TOKENIZERS_PARALLELISM",
-        "TRANSFORMERS_OFFLINE",
-        "NVIDIA_TF32_OVERRIDE",
-    }
-)
-#: Names (inside the families above) that make the server load code from a path.
-ENV_CODE_LOADERS = frozenset(
-    {
-        "CUDA_INJECTION64_PATH",
-        "CUDA_INJECTION32_PATH",
-        "CUDA_CACHE_PATH",  # JIT-compiled GPU binaries are loaded from it
-        "NCCL_NET_PLUGIN",
-        "NCCL_TUNER_PLUGIN",
-        "NCCL_PROFILER_PLUGIN",
-        "NCCL_ENV_PLUGIN",
-        "NCCL_GIN_PLUGIN",
-        "NCCL_RAS_PLUGIN",
-        "NCCL_CONF_FILE",  # a file of NCCL variables, plugins included
-        "NVSHMEM_BOOTSTRAP_PLUGIN",
-        "TORCH_EXTENSIONS_DIR",
-        "PYTORCH_KERNEL_CACHE_PATH",
-        "TRITON_CACHE_DIR",
-        "TRITON_HOME",
-        "TRITON_OVERRIDE_DIR",
-        "TRITON_KERNEL_OVERRIDE",
-        "TRITON_LIBDEVICE_PATH",
-        "HF_MODULES_CACHE",  # remote code of trust_remote_code models
-        "SGLANG_CUSTOM_OPS_PATH",
-    }
-)
-_CODE_LOADER_SUFFIXES = (
-    "_PLUGIN",
-    "_PLUGIN_PATH",
-    "_PLUGIN_LIB",
-    "_MODULE_DIR",
-    "_LIBRARY_PATH",
-    "_PRELOAD",
-    "_CONF_FILE",
-)
-_CODE_LOADER_PATTERN = re.compile(r"INJECTION|^TRITON_.*_PATH$|^TRITON_.*_DIR$")
-_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-
-
-def env_name_problem(key: str, owned: Mapping[str, str]) -> str | None:
-    """None when ``key`` may be set in the server's environment, else the reason."""
-    if not _ENV_NAME.match(key):
-        return f"{shown(key)!r} is not a valid environment variable name"
-    if key in owned:
-        return f"cannot be set by a lever: {owned[key]}"
-    if key.startswith(("LD_", "PYTHON")) or key == "PATH":
-        return (
-            f"{key} is not allowed: LD_*, PYTHON* and PATH would change what code the server runs"
-        )
-    if (
-        key in ENV_CODE_LOADERS
-        or key.endswith(_CODE_LOADER_SUFFIXES)
-        or _CODE_LOADER_PATTERN.search(key)
-    ):
-        return (
-            f"{key} is not allowed: it makes the server load code (a library, plugin, "
-            "injection or kernel cache) from a path, like LD_PRELOAD; set it in the "
-            "service's own environment if the host needs it"
-        )
-    if key in ENV_NAMES or key.startswith(ENV_PREFIXES):
-        return None
-    families = ", ".join(p + "*" for p in ENV_PREFIXES)
-    return f"{key} is not allowed: only {families} and {', '.join(sorted(ENV_NAMES))} may be set"

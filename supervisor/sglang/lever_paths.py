@@ -25,14 +25,32 @@ Kinds (``probe_checks.check_paths`` implements each):
   ``arg_groups/lora_hook.py:76-112``), each path a local directory with an
   ``adapter_config.json`` or a Hugging Face id;
 * ``json``: a JSON object; ``json_or_file``: a JSON object (starts with ``{``) or an
-  existing file; ``json_or_at_file``: a JSON object or ``@`` and an existing file.
+  existing file; ``json_or_at_file``: a JSON object or ``@`` and an existing file;
+* ``this_host``: ``host:port`` whose host is an address of the server's host
+  (``dist_init_addr``: the server starts on one host).
+
+Every path that exists must be a regular file or a directory: a FIFO or a device
+(``/dev/zero``) would block the server or be read without end.
+
+Without SGLang (the embedded default, or a resolution that cannot run),
+``check_where_the_server_runs`` runs the same checks in the daemon, against the server's
+working directory.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import threading
+import types
+from collections.abc import Mapping
+from typing import Any
 
+from sglang_supervisor.sglang import probe_checks
 from sglang_supervisor.sglang.schema import FlagSchema
+
+#: A hung mount can hold a stat for ever: the checks' bound.
+CHECK_TIMEOUT_S = 30.0
 
 #: Derived: a str flag whose dest ends so names a path SGLang reads.
 _SUFFIXES = ("_path", "_paths", "_file", "_keyfile", "_certfile")
@@ -66,6 +84,9 @@ EXPLICIT: dict[str, str] = {
     "deepep_config": "json_or_file",
     "watermark_config": "json_or_file",
     "hicache_storage_backend_extra_config": "json_or_at_file",
+    # Parsed (orjson) only when the weights load: configs/load_config.py:135-137.
+    "model_loader_extra_config": "json",
+    "dist_init_addr": "this_host",
 }
 #: Named like a path but not one SGLang reads from this host's disk.
 NOT_PATHS = frozenset(
@@ -88,3 +109,51 @@ def path_kinds(schema: FlagSchema) -> dict[str, str]:
         if dest in schema.flags:
             out[dest] = kind
     return out
+
+
+class PathChecksUnavailable(RuntimeError):
+    """The path checks did not finish (the message says why)."""
+
+
+#: One check at a time: a check blocked for ever (a stat on a hung mount) holds it, so at
+#: most one thread is ever left behind.
+_CHECKING = threading.Lock()
+
+
+def check_where_the_server_runs(
+    levers: Mapping[str, Any],
+    kinds: Mapping[str, str],
+    cwd: str | None,
+    timeout_s: float = CHECK_TIMEOUT_S,
+) -> list[dict[str, str]]:
+    """``[{lever, message}]``: ``probe_checks.check_paths`` of ``levers`` without SGLang,
+    run by the daemon itself, relative paths against the server's working directory
+    ``cwd`` (None: the daemon's, which the server inherits); ``~`` is the same for both
+    (a lever env cannot set ``HOME``). Blocking for up to ``timeout_s`` (call it from a
+    worker thread); raises ``PathChecksUnavailable`` when the check does not finish."""
+    named = {k: v for k, v in levers.items() if k in kinds}
+    if not named:
+        return []
+    if not _CHECKING.acquire(timeout=timeout_s):
+        raise PathChecksUnavailable(
+            "an earlier check of the levers' paths is still blocked (a path on a hung "
+            "mount?): the server would hang reading it as well"
+        )
+    base = cwd or os.getcwd()
+    found: list[list[dict[str, str]]] = []
+
+    def check() -> None:
+        try:
+            found.append(probe_checks.check_paths(types.SimpleNamespace(**named), kinds, base))
+        finally:
+            _CHECKING.release()
+
+    worker = threading.Thread(target=check, name="lever-path-checks", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if not found:
+        raise PathChecksUnavailable(
+            f"the levers' paths were not checked within {timeout_s:g}s (a path on a hung "
+            "mount?): the server would hang reading them as well"
+        )
+    return found[0]

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_supervisor.sglang import lever_limits
+from sglang_supervisor.sglang import lever_env, lever_limits
 from sglang_supervisor.sglang.layout import size_problems
 from sglang_supervisor.sglang.lever_limits import shown, text_problem
 from sglang_supervisor.sglang.schema import FlagSchema, FlagSpec, normalize_name
@@ -33,7 +33,7 @@ OWNED_FLAGS: dict[str, str] = {
     "config": "a YAML config file would bypass lever validation; set each lever instead",
 }
 
-ENV_PREFIXES = lever_limits.ENV_PREFIXES
+ENV_PREFIXES = lever_env.ENV_PREFIXES
 #: Names inside the allowed prefixes that the supervisor owns.
 OWNED_ENV: dict[str, str] = {
     "SGLANG_SUPERVISOR_INSTANCE": "the launch tag the supervisor uses to find every member",
@@ -286,6 +286,7 @@ def check_levers(levers: LeverSet, schema: FlagSchema, *, complete: bool = False
         assert v is not None
         canon[spec.dest] = v
     problems.extend(LeverProblem(n, m) for n, m in lever_limits.range_problems(canon))
+    problems.extend(LeverProblem(n, m) for n, m in lever_limits.probe_problems(canon))
     problems.extend(LeverProblem(n, m) for n, m in size_problems(canon))
     if complete:
         problems.extend(LeverProblem(n, m) for n, m in lever_limits.required_problems(canon))
@@ -320,8 +321,8 @@ def check_gpu_placement(levers: LeverSet, managed_count: int) -> None:
 
 def check_env_name(key: str) -> str | None:
     """None when ``key`` may be set in the server's environment, else the reason
-    (the rule: ``lever_limits.env_name_problem``)."""
-    return lever_limits.env_name_problem(key, OWNED_ENV)
+    (the rule: ``lever_env.env_name_problem``)."""
+    return lever_env.env_name_problem(key, OWNED_ENV)
 
 
 def render_argv(levers: LeverSet, schema: FlagSchema) -> list[str]:

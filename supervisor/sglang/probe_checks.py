@@ -8,6 +8,10 @@ huggingface_hub, which the server's environment has). Relative paths resolve aga
 server's working directory and ``HF_HOME``/``HUGGINGFACE_HUB_CACHE`` are the server's:
 what is checked is what the server will find. Which levers and kinds: see
 ``supervisor/sglang/lever_paths.py``.
+
+Without SGLang the daemon imports this module and runs ``check_paths`` itself, with
+``base`` the server's working directory (``lever_paths.check_where_the_server_runs``);
+SGLang's template registry is then not consulted (the daemon never imports SGLang).
 """
 
 from __future__ import annotations
@@ -18,8 +22,11 @@ import io
 import json
 import os
 import re
+import socket
+import stat
 import tempfile
 import traceback
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # at run time: the same -c program (resolution_helper.probe_source)
@@ -30,9 +37,16 @@ if TYPE_CHECKING:  # at run time: the same -c program (resolution_helper.probe_s
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$")
 
 
-def is_hub_id(value: str) -> bool:
+def _at(value: str, base: str | None) -> str:
+    """``value`` as the server opens it: ``~`` expanded, relative to ``base`` (None: this
+    process's working directory, the server's own inside the probe)."""
+    path = os.path.expanduser(value)
+    return path if base is None else os.path.join(base, path)
+
+
+def is_hub_id(value: str, base: str | None = None) -> bool:
     """Whether ``value`` would be read as a Hugging Face id rather than a local path."""
-    if value.startswith(("/", "./", "../", "~")) or os.path.exists(value):
+    if value.startswith(("/", "./", "../", "~")) or os.path.exists(_at(value, base)):
         return False
     return bool(_HUB_ID.match(value)) and ".." not in value
 
@@ -59,10 +73,10 @@ def cached_config(repo_id: str) -> str | None:
     return None
 
 
-def _rel(value: str) -> str:
+def _rel(value: str, base: str | None) -> str:
     if os.path.isabs(os.path.expanduser(value)):
         return ""
-    return f" (relative to the server's working directory {os.getcwd()})"
+    return f" (relative to the server's working directory {base or os.getcwd()})"
 
 
 #: What a directory of a kind must hold, and how a refusal says it lacks it.
@@ -72,15 +86,42 @@ _MARKERS = {
 }
 
 
-def _local(lever: str, value: str, kind: str) -> str | None:
+#: What a path that is neither a regular file nor a directory is (``os.stat``'s mode).
+_SPECIAL = (
+    (stat.S_ISFIFO, "a FIFO (a named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _special(lever: str, value: str, path: str, base: str | None) -> str | None:
+    """Why ``path`` (which exists) is no file to read, or None: a FIFO blocks its reader
+    until a writer comes, a device reads without end (``/dev/zero``). Only ``stat``: never
+    opened."""
+    with contextlib.suppress(OSError):
+        mode = os.stat(path).st_mode
+        for test, what in _SPECIAL:
+            if test(mode):
+                return (
+                    f"{lever} {value!r} is {what}, not a file or directory: the server "
+                    f"would block on it or read it without end{_rel(value, base)}"
+                )
+    return None
+
+
+def _local(lever: str, value: str, kind: str, base: str | None) -> str | None:
     """Why ``value`` of ``lever`` cannot be read as a local path of ``kind``, or None."""
-    path = os.path.expanduser(value)
+    path = _at(value, base)
     if not os.path.exists(path):
-        return f"{lever} {value!r} does not exist{_rel(value)}"
+        return f"{lever} {value!r} does not exist{_rel(value, base)}"
+    special = _special(lever, value, path, base)
+    if special is not None:
+        return special
     if kind == "file" and not os.path.isfile(path):
-        return f"{lever} {value!r} is not a file{_rel(value)}"
+        return f"{lever} {value!r} is not a file{_rel(value, base)}"
     if kind == "dir" and not os.path.isdir(path):
-        return f"{lever} {value!r} is not a directory{_rel(value)}"
+        return f"{lever} {value!r} is not a directory{_rel(value, base)}"
     marker, lacks = _MARKERS.get(kind, ("", ""))
     if marker and os.path.isdir(path) and not os.path.isfile(os.path.join(path, marker)):
         return f"{lever} {value!r} is a directory without {lacks}"
@@ -118,12 +159,16 @@ def _template_known(value: str, kind: str) -> bool | None:
         return None
 
 
-def _template(lever: str, value: str, kind: str) -> str | None:
+def _template(lever: str, value: str, kind: str, base: str | None) -> str | None:
     # SGLang: a built-in name first, then a Python template (chat only), then a file
     # (sglang/srt/parser/template_manager.py:234-247 and :275-280).
-    if os.path.exists(os.path.expanduser(value)):
-        return None
-    known = _template_known(value, kind)
+    path = _at(value, base)
+    if os.path.exists(path):
+        if os.path.isfile(path):
+            return None
+        special = _special(lever, value, path, base)
+        return special or f"{lever} {value!r} is not a file{_rel(value, base)}"
+    known = None if base is not None else _template_known(value, kind)
     if known is None:
         # Without SGLang's registry only a value that can be nothing but a path is judged.
         pathlike = os.sep in value or value.endswith((".jinja", ".json", ".py"))
@@ -132,7 +177,7 @@ def _template(lever: str, value: str, kind: str) -> str | None:
         return None
     return (
         f"{lever} {value!r} is neither a template SGLang has built in nor an existing "
-        f"file{_rel(value)}"
+        f"file{_rel(value, base)}"
     )
 
 
@@ -141,6 +186,9 @@ def _lora_items(value: Any) -> list[str]:
     items = value.values() if isinstance(value, dict) else value or []
     out: list[str] = []
     for item in items:
+        if isinstance(item, str) and item.lstrip().startswith("{"):
+            with contextlib.suppress(ValueError):  # unparsed (no SGLang): its JSON form
+                item = json.loads(item)
         if isinstance(item, dict):
             out.append(str(item.get("lora_path", "")))
         elif isinstance(item, str):
@@ -148,38 +196,70 @@ def _lora_items(value: Any) -> list[str]:
     return out
 
 
-def check_value(lever: str, kind: str, value: Any) -> list[str]:
-    """Why ``value`` of ``lever`` (a ``kind`` of lever_paths) can never be read."""
+def _this_host(lever: str, value: str) -> str | None:
+    """Why ``host:port`` is not an address of this host, or None. The server starts on
+    this host alone; SGLang's ranks meet at ``dist_init_addr`` (torch.distributed's
+    store, ``distributed/bootstrap.py:241-243``; with attention DP its ZMQ sockets too,
+    ``server_args.py:819-826``): elsewhere, they wait for a peer that never answers."""
+    host = value.rpartition(":")[0].strip("[]")  # the form: lever_limits.port_problems
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"{lever} {value!r}: {host!r} does not resolve on the server's host ({exc})"
+    for family, _, _, _, address in found:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((address[0], 0))
+            except OSError:
+                continue
+            return None  # an address of this host: it binds
+    return (
+        f"{lever} {value!r}: {host} is not an address of this host, where the server "
+        "starts alone: its ranks would wait at that address for a peer that never answers "
+        "(SGLang meets on 127.0.0.1 at nccl_port when dist_init_addr is unset)"
+    )
+
+
+def check_value(lever: str, kind: str, value: Any, base: str | None = None) -> list[str]:
+    """Why ``value`` of ``lever`` (a ``kind`` of lever_paths) can never be read, relative
+    paths against ``base`` (None: this process's working directory)."""
     if value is None or value == "" or value == []:
         return []
     if kind == "lora":
-        return [m for p in _lora_items(value) for m in check_value(lever, "lora_path", p)]
+        items = _lora_items(value)
+        return [m for p in items for m in check_value(lever, "lora_path", p, base)]
     text = str(value)
+    if kind == "this_host":
+        problem = _this_host(lever, text)
+        return [problem] if problem else []
     if kind in ("json", "json_or_file", "json_or_at_file"):
         if kind == "json_or_at_file" and text.startswith("@"):
-            problem = _local(lever, text[1:], "file")
+            problem = _local(lever, text[1:], "file", base)
         elif kind == "json" or text.lstrip().startswith("{"):
             problem = _json(lever, text)
         else:
-            problem = _local(lever, text, "file")
+            problem = _local(lever, text, "file", base)
         return [problem] if problem else []
     if kind in ("chat_template", "completion_template"):
-        problem = _template(lever, text, kind)
+        problem = _template(lever, text, kind, base)
         return [problem] if problem else []
     if "://" in text:
         return []  # a remote URI (s3://, gs://...): SGLang's loaders read it
-    if kind in ("model", "local_or_hub", "lora_path") and is_hub_id(text):
+    if kind in ("model", "local_or_hub", "lora_path") and is_hub_id(text, base):
         return []  # a Hugging Face id: not a path (the model's config: see model_config)
-    problem = _local(lever, text, "lora" if kind == "lora_path" else kind)
+    problem = _local(lever, text, "lora" if kind == "lora_path" else kind, base)
     return [problem] if problem else []
 
 
-def check_paths(args: Any, kinds: dict[str, str]) -> list[dict[str, str]]:
+def check_paths(
+    args: Any, kinds: Mapping[str, str], base: str | None = None
+) -> list[dict[str, str]]:
     """``[{lever, message}]`` for each path- or JSON-valued lever of the parsed ``args``
-    that can never be read where the server runs."""
+    that can never be read where the server runs (its working directory: ``base``, or
+    this process's own when None)."""
     out: list[dict[str, str]] = []
     for lever, kind in sorted(kinds.items()):
-        for message in check_value(lever, kind, getattr(args, lever, None)):
+        for message in check_value(lever, kind, getattr(args, lever, None), base):
             out.append({"lever": lever, "message": message + f"; fix {lever}"})
     return out
 

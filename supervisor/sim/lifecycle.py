@@ -79,6 +79,8 @@ class Launcher:
         self.context_length = cfg.context_length
         self.tokens_per_s = env.tokens_per_s
         self._ready_at: float | None = None
+        #: A /health_generate has answered 200: the synthetic load begins (``_tick``).
+        self._seen_healthy = False
         self._last_decode_log = 0.0
 
         # The planner's math, on the parsed flags, resolved as SGLang resolves them
@@ -136,6 +138,8 @@ class Launcher:
             with self.runtime.model_lock.reading():  # a generation: waits for an update
                 time.sleep(self.env.health_s)
         if self.phase is Phase.READY and (self.healthy or not generate):
+            if generate:
+                self._seen_healthy = True  # the synthetic load's clients may come now
             return 200, ""
         if self.phase is Phase.DRAINING:
             log("Health check request received during shutdown. Returning 503.")
@@ -311,7 +315,11 @@ class Launcher:
                 f"(simulated fault unhealthy_after={self.faults.unhealthy_after:g}: "
                 "/health_generate now answers 503)"
             )
-        self.engine.tick(now)
+        if self._seen_healthy:
+            # The synthetic load's clients, as a router's, send work only to a server
+            # seen healthy: whatever the load breaks (a prefill out of memory) happens
+            # after whoever launched it saw it answer /health_generate, never before.
+            self.engine.tick(now)
         if self.engine.prefill_oom is not None:
             report = capacity.prefill_oom_report(
                 self.resolved, self.env.memory_bytes, self.engine.prefill_oom

@@ -31,8 +31,9 @@ pool raises the hit rate; it never admits more requests (admission counts device
 
 ``SGLANG_SIM_LOAD=rate=R,avg_tokens=T[,out_tokens=O][,seed=S][,max_queue=Q]
 [,prefixes=N][,prefix_share=F]``: requests arrive as a Poisson process at R per second
-(R ≤ 2000) from the moment the server is ready; each needs ~T KV tokens (uniform in
-[T/2, 3T/2], deterministic for a seed), of which O (default 256, at most half) are
+(R ≤ 2000) from the server's first ``/health_generate`` 200 (its clients send work only to
+a server seen healthy); each needs ~T KV tokens (uniform in [T/2, 3T/2], deterministic for
+a seed), of which O (default 256, at most half) are
 generated at 100 tokens/s (real requests: at the server's pace,
 ``SGLANG_SIM_TOKENS_PER_S``); F (default 0.5) of T is a prefix shared with other
 requests, one of N (default 256) prefixes, Zipf-popular. Arrivals finding Q (default 5000) requests

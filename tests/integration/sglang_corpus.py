@@ -354,6 +354,14 @@ CAUGHT_BY_LIMITS = {
     "negative_base_gpu_id",
     "zero_gpu_id_step",
     "negative_schedule_conservativeness",
+    # A process count: bounded both ways before SGLang (lever_limits.RANGES), whose own
+    # assert has only the lower bound.
+    "no_tokenizer_worker",
+    "no_detokenizer_worker",
+    # Either TLS file makes the server HTTPS-only (or SGLang refuses it): the daemon's
+    # plain-HTTP probes could never see it (lever_limits.probe_problems, issue 27 §5).
+    "ssl_key_without_cert",
+    "ssl_cert_without_key",
 }
 
 

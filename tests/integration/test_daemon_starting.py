@@ -46,6 +46,12 @@ def test_the_api_answers_while_start_up_reads_the_schema(tmp_path: Path) -> None
         status = d.status()
         assert status["loading"] is not None and "schema" in status["loading"]
         assert status["server"] is None and status["sglang"]["validation"] == "checking"
+        # Issue 27 §7: named for what it is — not "stopped", which a client polling the
+        # state would take for a server that is not running.
+        assert first["state"] == "loading" and status["state"] == "loading", status
+        metrics = d.client.get("/metrics").text
+        assert 'sglang_supervisor_state{state="loading"} 1.0' in metrics
+        assert 'sglang_supervisor_state{state="stopped"} 0.0' in metrics
         r = d.apply({"mem_fraction_static": 0.8})
         assert r.status_code == 503, r.text
         assert r.headers["retry-after"] == "1"

@@ -175,3 +175,59 @@ def test_cleanup_command_stops_what_a_kept_server_left(daemon_factory: type[Daem
     assert out.returncode == 0, out.stdout + out.stderr
     assert "member processes exited" in out.stdout
     assert tagged_processes(d.instance) == []
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _cancel_the_start_up(d: Daemon, when: Any) -> dict[str, Any]:
+    """Wait until ``when(status)``, cancel the start-up operation then running, and
+    return it once it has ended."""
+
+    def due() -> dict[str, Any] | None:
+        s = d.status_or_none()
+        return s if s is not None and s["operation"] is not None and when(s) else None
+
+    s = wait_until(due, 60, 0.005, "the adoption")
+    op_id = s["operation"]["id"]
+    r = d.client.post(f"/operations/{op_id}/cancel")
+    assert r.status_code in (200, 202), r.text
+
+    def ended() -> dict[str, Any] | None:
+        op: dict[str, Any] = d.client.get(f"/operations/{op_id}").json()["operation"]
+        return op if op["state"] != "running" else None
+
+    return wait_until(ended, 60, 0.05, "the start-up operation to end")
+
+
+def test_cancelling_the_adoption_of_a_loading_server_is_an_operators_stop(
+    daemon_factory: type[Daemon],
+) -> None:
+    """Issue 27 §7: a daemon killed while its server loads; the next one adopts it, still
+    loading, and the operator cancels that start-up. That is a stop: the server is torn
+    down and stays stopped across the daemon's next restart (before, the next start
+    launched a new server)."""
+    d = daemon_factory(sim={"startup_s": 60}, timeouts={"ready_timeout_s": 120})
+    d.start(wait_ready=False)
+    s = wait_until(lambda: (s := d.status_or_none()) and s["server"] and s, 30, 0.02, "a launch")
+    pid = s["server"]["pid"]
+    kill_daemon(d)
+    d.start(wait_ready=False)
+
+    def adopting(s: dict[str, Any]) -> bool:
+        return s["state"] == "starting" and "adopting" in s["state_reason"]
+
+    op = _cancel_the_start_up(d, adopting)
+    assert op["state"] == "failed" and "cancelled by an operator" in op["error"], op
+    assert f"the adopted server (pid {pid}) was torn down" in op["error"]
+    s = d.wait_state("stopped")
+    assert s["server"] is None and not _running(pid)
+    assert d.stop() == 0
+    d.start(wait_ready=False)
+    s = d.wait_state("stopped")
+    assert s["server"] is None and tagged_processes(d.instance) == [], "it launched again"
+    assert "an operator stopped the server" in s["state_reason"], s["state_reason"]

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import Daemon
+from tests.integration.never_serve import IDS, NEVER_SERVE, make_fifo, with_fifo
 from tests.sglang_env import ROOT, SGLANG_PYTHON, needs_sglang
 
 pytestmark = needs_sglang()
@@ -110,15 +111,15 @@ PATH_CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "'/nonexistent/template.jinja' is neither a template SGLang has built in",
     ),
     (
-        "ssl_keyfile_missing",
-        {"ssl_keyfile": "/nonexistent/key.pem", "ssl_certfile": "/etc/passwd"},
-        "ssl_keyfile",
-        "'/nonexistent/key.pem' does not exist",
+        "ssl_ca_certs_missing",
+        {"ssl_ca_certs": "/nonexistent/ca.pem"},
+        "ssl_ca_certs",
+        "'/nonexistent/ca.pem' does not exist",
     ),
     (
-        "ssl_certfile_a_directory",
-        {"ssl_keyfile": "/etc/passwd", "ssl_certfile": "/etc"},
-        "ssl_certfile",
+        "ssl_ca_certs_a_directory",
+        {"ssl_ca_certs": "/etc"},
+        "ssl_ca_certs",
         "'/etc' is not a file",
     ),
     (
@@ -184,8 +185,24 @@ def test_paths_are_read_as_the_server_sees_them(daemon: Daemon, server_cwd: Path
     _dry(daemon, {"tokenizer_path": "./tokenizer"})
     # A Hugging Face id is not a path; a built-in template name is not a file.
     _dry(daemon, {"tokenizer_path": "meta-llama/Llama-3.1-8B-Instruct", "chat_template": "chatml"})
-    _dry(daemon, {"ssl_keyfile": "/etc/passwd", "ssl_certfile": "/etc/passwd"})
     _dry(daemon, {"json_model_override_args": '{"rope_theta": 10000}'})
+
+
+@pytest.fixture(scope="module")
+def fifo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_fifo(tmp_path_factory.mktemp("fifo"))
+
+
+@pytest.mark.parametrize(("case", "levers", "env", "lever", "text"), NEVER_SERVE, ids=IDS)
+def test_a_value_that_can_never_serve_is_refused_with_sglang(
+    daemon: Daemon, fifo: Path, case: str, levers: dict[str, Any], env: dict[str, str],
+    lever: str, text: str,
+) -> None:  # fmt: skip
+    """Issue 27 §5 with SGLang 0.5.23's whole pipeline behind validation: each of these
+    passed it (SGLang checks them only when it binds, loads or serves, after the stop)."""
+    problems = _refused(daemon, with_fifo(levers, fifo), env)
+    named = [p for p in problems if p["lever"] == lever]
+    assert named and text in named[0]["message"], problems
 
 
 @pytest.mark.parametrize("which", ["server", "api"])

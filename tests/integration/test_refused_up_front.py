@@ -5,11 +5,13 @@ server's pid stays the same and /status keeps answering."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.helpers import Daemon
+from tests.integration.never_serve import IDS, NEVER_SERVE, make_fifo, with_fifo
 
 CASES: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
     ("surrogate_in_a_lever", {"served_model_name": "a\ud800"}, {}, "served_model_name"),
@@ -62,3 +64,24 @@ def test_refused_before_anything_is_touched(
     assert after["server"]["pid"] == before["server"]["pid"] and after["state"] == "ready"
     assert after["levers"] == before["levers"] and after["env"] == before["env"]
     assert daemon.client.get("/levers").status_code == 200
+
+
+@pytest.fixture(scope="module")
+def fifo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_fifo(tmp_path_factory.mktemp("fifo"))
+
+
+@pytest.mark.parametrize(("name", "levers", "env", "lever", "text"), NEVER_SERVE, ids=IDS)
+def test_a_value_that_can_never_serve_is_refused_without_sglang(
+    daemon: Daemon, fifo: Path, name: str, levers: dict[str, Any], env: dict[str, str], lever: str,
+    text: str,
+) -> None:  # fmt: skip
+    """Issue 27 §5 on the embedded default (no SGLang in server.python): the lever
+    limits, and the levers' paths checked by the daemon where the server runs."""
+    before = daemon.status()
+    r = daemon.apply(with_fifo(levers, fifo), env, dry_run=True)
+    assert r.status_code == 422, (name, r.text[:500])
+    named = [p for p in r.json()["detail"]["problems"] if p["lever"] == lever]
+    assert named and text in named[0]["message"], r.json()["detail"]["problems"]
+    after = daemon.status()
+    assert after["server"]["pid"] == before["server"]["pid"] and after["state"] == "ready"

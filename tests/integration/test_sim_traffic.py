@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -156,3 +157,22 @@ def test_listen_backlog_health_and_info_endpoints(sims: Sims) -> None:
         "model_name": "sim-70b",
         "engine_type": "unified",
     }
+
+
+def test_the_synthetic_load_begins_at_the_first_health_generate_answer(sims: Sims) -> None:
+    """Its clients, as a router's, send work only to a server seen healthy: whatever the
+    load breaks (a prefill out of memory) comes after the launcher's first
+    /health_generate 200, never before it (issue 27 §4: an apply's prefill OOM came
+    during the start or within probation, by the machine's load)."""
+    sim = sims.start(env={"SGLANG_SIM_LOAD": "rate=500,avg_tokens=200,seed=1"})
+    wait_until(lambda: sim.status("/health") == 200, 20, what="ready (/health answers 200)")
+    # Five turns of the server's 0.1 s loop, 500 arrivals a second: none may come yet.
+    end = time.monotonic() + 0.5
+    while time.monotonic() < end:
+        m = sim.metrics()
+        assert m["sglang:num_running_reqs"] + m["sglang:num_queue_reqs"] == 0, m
+        assert m["sglang:prompt_tokens_total"] == 0, m
+    assert sim.status("/health_generate") == 200
+    wait_until(
+        lambda: sim.metrics()["sglang:prompt_tokens_total"] > 0, 10, what="the load to begin"
+    )

@@ -155,6 +155,23 @@ def test_a_negative_float_list_item_reaches_argparse_as_the_same_number() -> Non
         "CUDA_VISIBLE_DEVICES",
         "HOME",
         "MALLOC_CONF",
+        # Issue 27 §5: a toolkit the JIT runs, a package SGLang imports, a file written.
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "PYTORCH_NVCC",
+        "SGLANG_EXTERNAL_MODEL_PACKAGE",
+        "SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE",
+        "SGLANG_HTTP_SERVER_APP_PATH",
+        "SGLANG_NCCL_SO_PATH",
+        "SGLANG_DG_CACHE_DIR",
+        "NCCL_DEBUG_FILE",
+        "NCCL_TOPO_DUMP_FILE",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+        "CUDA_COREDUMP_FILE",
+        "SGLANG_TORCH_PROFILER_DIR",
+        "SGLANG_CUDA_COREDUMP_DIR",
+        "SGLANG_SUPERVISOR_API__TOKEN",
+        "SGLANG_SUPERVISOR_STATE_DIR",
     ],
 )
 def test_env_that_loads_code_or_is_not_ours_to_set_is_refused(name: str) -> None:
@@ -188,3 +205,46 @@ def test_env_that_loads_code_or_is_not_ours_to_set_is_refused(name: str) -> None
 def test_routine_env_is_accepted(name: str) -> None:
     got = check_levers(LeverSet(BASE, {name: "1"}), SCHEMA)
     assert got.env == {name: "1"}
+
+
+@pytest.mark.parametrize(
+    ("levers", "lever", "text"),
+    [
+        ({"nccl_port": 10**12}, "nccl_port", "is not a TCP port: must be 0-65535"),
+        ({"nccl_port": -1}, "nccl_port", "is not a TCP port"),
+        ({"disaggregation_bootstrap_port": 65536}, "disaggregation_bootstrap_port", "0-65535"),
+        ({"tokenizer_worker_num": 10**12}, "tokenizer_worker_num", "≤ 1024"),
+        ({"tokenizer_worker_num": 0}, "tokenizer_worker_num", "≥ 1"),
+        ({"detokenizer_worker_num": 2000}, "detokenizer_worker_num", "≤ 1024"),
+        ({"dist_init_addr": "1.2.3.4:70000"}, "dist_init_addr", "has port 70000"),
+        ({"dist_init_addr": "1.2.3.4"}, "dist_init_addr", "is not host:port"),
+        ({"dist_init_addr": "::1:5000"}, "dist_init_addr", "in brackets"),
+        ({"dist_init_addr": "[::1]5000"}, "dist_init_addr", "is not host:port"),
+        ({"dist_init_addr": "host:five"}, "dist_init_addr", "no port number"),
+        ({"ssl_certfile": "/c.pem", "ssl_keyfile": "/k.pem"}, "ssl_certfile", "HTTPS only"),
+        ({"ssl_keyfile": "/k.pem"}, "ssl_keyfile", "HTTPS only"),
+        ({"grpc_mode": True}, "grpc_mode", "gRPC instead of HTTP"),
+        ({"smg_grpc_mode": True}, "smg_grpc_mode", "gRPC instead of HTTP"),
+    ],
+)
+def test_a_value_that_can_never_serve_is_refused(
+    levers: dict[str, Any], lever: str, text: str
+) -> None:
+    """Issue 27 §5: SGLang checks these only when it binds, or not at all; here they are
+    refused by the schema check, whichever SGLang answers after it."""
+    (p,) = refused({**BASE, **levers})
+    assert p.lever == lever and text in p.message, p
+
+
+def test_ports_addresses_and_protocols_that_can_serve_pass() -> None:
+    levers = {
+        **BASE,
+        "nccl_port": 0,  # SGLang's range is 0-65535
+        "disaggregation_bootstrap_port": 65535,
+        "tokenizer_worker_num": 8,
+        "dist_init_addr": "[::1]:5000",
+        "ssl_ca_certs": "/etc/ssl/ca.pem",  # alone: no TLS (SGLang refuses it, not us)
+        "grpc_port": 30001,  # SGLang's native gRPC beside HTTP
+        "grpc_mode": False,
+    }
+    assert check_levers(LeverSet(levers), SCHEMA).levers["dist_init_addr"] == "[::1]:5000"

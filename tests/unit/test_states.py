@@ -15,6 +15,7 @@ from sglang_supervisor.states import (
     ALLOWED,
     IDLE_STATES,
     PROCESS_STATES,
+    UNKNOWN_STATES,
     ServerState,
     TransitionError,
     check_transition,
@@ -49,6 +50,12 @@ FORBIDDEN = [
     (S.RELEASING, S.STARTING),
     # Nothing starts from failed before what is left was torn down and released.
     (S.FAILED, S.STARTING),
+    # Loading is where a daemon begins, never a state to go back to...
+    (S.STOPPED, S.LOADING),
+    (S.READY, S.LOADING),
+    # ...nor is a server called ready (or failed) before start-up looked at it.
+    (S.LOADING, S.READY),
+    (S.LOADING, S.FAILED),
 ]
 
 
@@ -64,9 +71,10 @@ def test_transition_forbidden_raises(edge: tuple[ServerState, ServerState]) -> N
     assert "a buggy caller" in str(info.value)
 
 
-def test_process_and_idle_states_partition_the_states() -> None:
+def test_process_idle_and_unknown_states_partition_the_states() -> None:
     assert PROCESS_STATES.isdisjoint(IDLE_STATES)
-    assert set(ServerState) == PROCESS_STATES | IDLE_STATES
+    assert UNKNOWN_STATES.isdisjoint(PROCESS_STATES | IDLE_STATES)
+    assert set(ServerState) == PROCESS_STATES | IDLE_STATES | UNKNOWN_STATES
 
 
 def _reachable(start: ServerState) -> set[ServerState]:
@@ -80,8 +88,10 @@ def _reachable(start: ServerState) -> set[ServerState]:
     return seen
 
 
-def test_every_state_reachable_from_stopped() -> None:
-    assert _reachable(S.STOPPED) == set(ServerState)
+def test_every_state_reachable_from_loading_and_all_but_loading_from_stopped() -> None:
+    assert _reachable(S.LOADING) == set(ServerState)
+    assert _reachable(S.STOPPED) == set(ServerState) - {S.LOADING}
+    assert not any(S.LOADING in targets for targets in ALLOWED.values())
 
 
 @pytest.mark.parametrize("state", list(ServerState), ids=str)
@@ -90,9 +100,11 @@ def test_every_state_has_a_way_back_to_stopped_or_failed(state: ServerState) -> 
 
 
 def test_releasing_is_the_only_way_into_stopped() -> None:
-    """Whatever ran, GPUs are verified released before the server counts as stopped."""
+    """Whatever ran, GPUs are verified released before the server counts as stopped; but
+    start-up, which found nothing of ours running (its member scan came back empty) and
+    starts nothing, says stopped at once (loading -> stopped)."""
     into_stopped = {old for old, targets in ALLOWED.items() if S.STOPPED in targets}
-    assert into_stopped == {S.RELEASING}
+    assert into_stopped == {S.RELEASING, S.LOADING}
 
 
 def test_process_states_leave_only_through_stopping_or_releasing() -> None:

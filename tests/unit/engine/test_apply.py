@@ -88,7 +88,7 @@ def test_apply_events_show_every_transition_in_order(tmp_path: Path) -> None:
     async def main() -> None:
         await rig.start_ready()
         await apply(rig, {"mem_fraction_static": 0.9})
-        assert rig.transitions() == [("stopped", "starting"), ("starting", "ready"), *APPLY_EDGES]
+        assert rig.transitions() == [("loading", "starting"), ("starting", "ready"), *APPLY_EDGES]
         seqs = [e["seq"] for e in rig.sup.events.recent()]
         assert seqs == sorted(seqs)
         phases = [

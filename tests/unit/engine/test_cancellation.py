@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -21,10 +22,20 @@ import pytest
 from sglang_supervisor.engine import NoSuchOperation, OperationFinished
 from sglang_supervisor.engine import registry as engine_registry
 from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
-from sglang_supervisor.phases import OpKind
+from sglang_supervisor.phases import OpKind, PhaseName
 from sglang_supervisor_api.app import create_app
 from tests.unit.engine.common import HELD_PER_RANK, S, nothing_held, settle, state_of
-from tests.unit.fakes import DEFAULT_METRICS, INITIAL_LEVERS, Behaviour, make_rig, run, until
+from tests.unit.fakes import (
+    DEFAULT_METRICS,
+    INITIAL_LEVERS,
+    Behaviour,
+    FakeHealth,
+    FakeProbe,
+    FakeProcessOps,
+    make_rig,
+    run,
+    until,
+)
 
 BUSY_METRICS = DEFAULT_METRICS.replace(
     'sglang:num_running_reqs{model_name="fake"} 0.0',
@@ -153,7 +164,8 @@ def test_a_shutdown_requested_during_start_up_launches_nothing(tmp_path: Path) -
         await rig.sup.start()
         assert await rig.sup.shutdown()
         assert rig.procs.spawns == []
-        assert state_of(rig) == S.STOPPED
+        # It never looked at the GPUs: it says so rather than "stopped".
+        assert state_of(rig) == S.LOADING
 
     run(main)
 
@@ -307,6 +319,48 @@ def test_dry_runs_count_toward_the_operation_cap(
         await until(lambda: len(rig.procs.spawns) == 2, what="the hung launch")
         rig.sup.request_cancel(running.id)
         await settle(rig, running)
+        await rig.sup.shutdown()
+
+    run(main)
+
+
+class _SlowServerInfo(FakeHealth):
+    """``/server_info`` (asked right after the server is ready) waits for the test."""
+
+    def __init__(self, procs: FakeProcessOps) -> None:
+        super().__init__(procs)
+        self.asked = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def server_info(self, url: str, timeout_s: float) -> dict[str, Any]:
+        if self.procs.handles and len(self.procs.handles) == 2:
+            self.asked.set()
+            await self.answer.wait()
+        return await super().server_info(url, timeout_s)
+
+
+def test_a_cancel_too_late_to_end_an_operation_is_said_not_dropped(tmp_path: Path) -> None:
+    """Issue 27 §7: a cancel accepted after an apply's last step that could end it (its
+    server ready, no probation left) cannot be honoured; the operation says so in a
+    ``cancel`` phase instead of ending ``succeeded`` as if none had come."""
+    probe = FakeProbe()
+    procs = FakeProcessOps(probe)
+    health = _SlowServerInfo(procs)
+    rig = make_rig(tmp_path, procs=procs, health=health, probation_s=0.0)
+
+    async def main() -> None:
+        await rig.start_ready()
+        op = await rig.sup.submit_apply({"mem_fraction_static": 0.9}, {})
+        await asyncio.wait_for(health.asked.wait(), 5)
+        assert rig.sup.request_cancel(op.id) is op  # accepted: the operation still runs
+        health.answer.set()
+        await settle(rig, op)
+        assert op.state == SUCCEEDED, op.error
+        (late,) = [p for p in op.phases if p.name == PhaseName.CANCEL]
+        assert late.state == FAILED
+        assert "cancelled by an operator" in late.detail and "not honoured" in late.detail
+        assert "the operation ended succeeded" in late.detail
+        assert rig.sup.levers.levers["mem_fraction_static"] == 0.9
         await rig.sup.shutdown()
 
     run(main)

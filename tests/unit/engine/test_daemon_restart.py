@@ -9,10 +9,13 @@ operation and the error say.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
 from sglang_supervisor.config import Settings
+from sglang_supervisor.observe.health import Probe
 from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED
 from sglang_supervisor.phases import PhaseName
 from sglang_supervisor.sglang.levers import LeverSet
@@ -30,6 +33,7 @@ from tests.unit.engine.common import (
 from tests.unit.fakes import (
     INITIAL_LEVERS,
     Behaviour,
+    FakeHealth,
     FakeProbe,
     FakeProcessOps,
     Rig,
@@ -102,7 +106,7 @@ def test_a_daemon_killed_mid_apply_restarts_with_last_good_after_clearing_leftov
     async def after() -> None:
         await second.start_ready()
         assert second.transitions() == [
-            ("stopped", "stopping"),
+            ("loading", "stopping"),
             ("stopping", "releasing"),
             ("releasing", "stopped"),
             ("stopped", "starting"),
@@ -435,3 +439,94 @@ def test_a_server_changed_in_place_when_the_daemon_died_is_not_adopted(tmp_path:
         await second.sup.shutdown()
 
     run(after)
+
+
+def test_cancelling_the_start_up_before_it_launched_is_an_operators_stop(tmp_path: Path) -> None:
+    """Issue 27 §7: the start-up operation is cancelled while it clears a dead daemon's
+    leftovers, before it launched anything: a stop that holds, here and across the next
+    restart (before, the operation failed and the next daemon launched anyway)."""
+    procs, first = killed_mid_apply(tmp_path)
+    gate = threading.Event()
+    second = make_rig(tmp_path, procs=procs, settings=first.settings)
+
+    async def after() -> None:
+        procs.teardown_gate = gate
+        await second.sup.start()
+        op = second.sup.operation
+        assert op is not None
+        await until(lambda: procs.teardowns_running == 1, what="the leftovers' teardown")
+        assert second.sup.request_cancel(op.id) is op
+        procs.teardown_gate = None
+        gate.set()
+        await settle(second, op)
+        assert op.state == FAILED, op.error
+        assert "nothing was started and the server stays stopped" in (op.error or "")
+        assert idle(second, S.STOPPED) and len(procs.spawns) == 2
+        await second.sup.shutdown()
+
+    run(after)
+    third = make_rig(tmp_path, procs=procs, settings=first.settings)
+
+    async def again() -> None:
+        await third.sup.start()
+        await until(lambda: idle(third, S.STOPPED), 5.0, "the next start-up to settle")
+        assert len(procs.spawns) == 2, "it launched again"
+        assert "an operator stopped the server" in third.sup.state_reason
+        await third.sup.shutdown()
+
+    run(again)
+
+
+class _HeldAdoptionProbe(FakeHealth):
+    """The adopting daemon's readiness probe (its second /health_generate) is held until
+    the test lets it answer."""
+
+    def __init__(self, procs: FakeProcessOps) -> None:
+        super().__init__(procs)
+        self.probes = 0
+        self.asked = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def generate_ok(self, url: str, timeout_s: float) -> Probe:
+        self.probes += 1
+        if self.probes == 2:
+            self.asked.set()
+            await self.answer.wait()
+        return await super().generate_ok(url, timeout_s)
+
+
+def test_a_cancel_during_the_adoptions_readiness_probe_is_honoured(tmp_path: Path) -> None:
+    """Issue 27 §7: the cancel arrives while the adopting daemon's readiness probe is in
+    flight and the probe then answers 200. Honoured: the adopted server is torn down and
+    the operator's stop recorded (before, the operation ended succeeded, no note)."""
+    procs = FakeProcessOps(FakeProbe())
+    first = make_rig(tmp_path, procs=procs)
+    run(first.start_ready)  # then the daemon dies: no shutdown
+    adopted = procs.handles[0]
+    health = _HeldAdoptionProbe(procs)
+    second = make_rig(tmp_path, procs=procs, settings=first.settings, health=health)
+
+    async def after() -> None:
+        await second.sup.start()
+        op = second.sup.operation
+        assert op is not None
+        await asyncio.wait_for(health.asked.wait(), 5)
+        assert second.sup.state == S.STARTING and "adopting" in second.sup.state_reason
+        assert second.sup.request_cancel(op.id) is op
+        health.answer.set()
+        await settle(second, op)
+        assert op.state == FAILED, op.error
+        assert f"the adopted server (pid {adopted.pid}) was torn down" in (op.error or "")
+        assert idle(second, S.STOPPED) and adopted.returncode is not None
+        await second.sup.shutdown()
+
+    run(after)
+    third = make_rig(tmp_path, procs=procs, settings=first.settings)
+
+    async def again() -> None:
+        await third.sup.start()
+        await until(lambda: idle(third, S.STOPPED), 5.0, "the next start-up to settle")
+        assert len(procs.spawns) == 1, "it launched again"
+        await third.sup.shutdown()
+
+    run(again)

@@ -102,8 +102,30 @@ def apply_during_a_backoff(tmp_path: Path) -> set[Edge]:
     return taken(rig, main)
 
 
+def restart_after_an_operators_stop(tmp_path: Path) -> set[Edge]:
+    """loading -> stopped: start-up finds nothing of ours running, and the operator's
+    stop holds across the daemon's restart."""
+    first = make_rig(tmp_path)
+
+    async def before() -> None:
+        await first.start_ready()
+        assert (await settle(first, first.sup.submit_stop())).state == SUCCEEDED
+        await first.sup.shutdown()
+
+    run(before)
+    second = make_rig(tmp_path, settings=first.settings)
+
+    async def after() -> None:
+        await second.sup.start()
+        await until(lambda: idle(second, S.STOPPED), 5.0, "start-up to settle stopped")
+        assert second.procs.spawns == []
+        await second.sup.shutdown()
+
+    return taken(second, after)
+
+
 def restart_after_a_daemon_died_mid_apply(tmp_path: Path) -> set[Edge]:
-    """stopped -> stopping: leftovers of the dead daemon are torn down first."""
+    """loading -> stopping: leftovers of the dead daemon are torn down first."""
     procs = FakeProcessOps(FakeProbe())
     first = make_rig(tmp_path, procs=procs)
 
@@ -143,6 +165,7 @@ SCENARIOS = [
     apply_cancelled_during_its_drain,
     crash_loop_then_an_operators_stop,
     apply_during_a_backoff,
+    restart_after_an_operators_stop,
     restart_after_a_daemon_died_mid_apply,
     a_stop_that_cannot_release,
 ]

@@ -82,6 +82,51 @@ def test_readiness_answered_by_another_process_is_not_ours(tmp_path: Path) -> No
     run(main)
 
 
+@pytest.mark.parametrize("who", ["launcher", "rank"])
+def test_a_launch_that_exits_right_after_answering_is_never_called_foreign(
+    tmp_path: Path, who: str
+) -> None:
+    """Issue 27 §4: the new server answered /health_generate and crashed while the daemon
+    judged who had answered — after its socket scan, before its member scan. Its exit is
+    reported as its own (within probation: it had answered), never as "another process"
+    holding the port, and nobody else is named. With ``rank``, a member of the launch (not
+    the launcher) held the socket and is the one that exited: the launch then fails as a
+    start whose listener vanished, the launcher's exit the reason."""
+    rig = make_rig(tmp_path, probation_s=0.5)
+    listeners = rig.procs.port_listeners
+    crashed: list[int] = []
+
+    def scan_then_crash(host: str, port: int) -> list[int | None]:
+        found = listeners(host, port)
+        if len(rig.procs.handles) != 2 or crashed:
+            return found
+        new = rig.procs.handles[1]
+        if new.ready_at is not None:
+            if who == "rank":
+                found = [new.rank_pids[0]]  # the rank held the socket, not the launcher
+            rig.procs.crash(new, returncode=1)
+            crashed.append(new.pid)
+        return found
+
+    rig.procs.port_listeners = scan_then_crash  # type: ignore[method-assign]
+
+    async def main() -> None:
+        await rig.start_ready()
+        op = await apply(rig, {"mem_fraction_static": 0.9})
+        assert crashed, "the new launch answered and crashed during the verdict"
+        assert op.state == ROLLED_BACK, op.error
+        error = op.error or ""
+        assert f"pid {crashed[0]}) exited with code 1" in error, error
+        assert "another process" not in error and "not part of this launch" not in error
+        if who == "launcher":
+            assert "within the probation window" in error, error
+        assert idle(rig, S.READY)
+        assert rig.sup.levers.levers["mem_fraction_static"] == 0.8
+        await rig.sup.shutdown()
+
+    run(main)
+
+
 # --------------------------------------------------------------- probation
 
 

@@ -39,7 +39,7 @@ def test_transition_stopped_to_starting_to_ready_at_start(tmp_path: Path) -> Non
 
     async def main() -> None:
         await rig.start_ready()
-        assert rig.transitions() == [("stopped", "starting"), ("starting", "ready")]
+        assert rig.transitions() == [("loading", "starting"), ("starting", "ready")]
         status = await rig.sup.status()
         assert status["state"] == "ready"
         assert status["backend"] == "simulated"
@@ -63,7 +63,7 @@ def test_start_with_an_unknown_gpu_names_it_and_spawns_nothing(tmp_path: Path) -
         with pytest.raises(ValueError, match="managed GPU '7' does not exist"):
             await rig.sup.start()
         assert rig.procs.spawns == []
-        assert state_of(rig) == S.STOPPED
+        assert state_of(rig) == S.LOADING  # start-up never got past loading: the daemon exits 2
 
     run(main)
 
