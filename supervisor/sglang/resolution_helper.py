@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 PROBE_SOURCE = Path(__file__).with_name("resolve_probe.py")
 #: Checks the probe runs before SGLang's resolution (paths, JSON, the model's config).
 CHECKS_SOURCE = Path(__file__).with_name("probe_checks.py")
+#: What it does when the model's config is not here, and which lever a refusal is about.
+STANDINS_SOURCE = Path(__file__).with_name("probe_standins.py")
 #: The probe's warm mode (``--serve``): one import, then a fork per request.
 SERVE_SOURCE = Path(__file__).with_name("probe_serve.py")
 _READY = "@@READY@@"
@@ -45,15 +47,16 @@ FORK_ENV_PREFIXES = ("SGLANG_", "SGL_", "NCCL_")
 
 
 def probe_source() -> str:
-    """The ``-c`` program: ``resolve_probe.py`` with ``probe_checks.py`` then
-    ``probe_serve.py`` placed, in that order, before its entry point (one program: the
-    server's interpreter cannot import this package)."""
+    """The ``-c`` program: ``resolve_probe.py`` with ``probe_checks.py``,
+    ``probe_standins.py`` then ``probe_serve.py`` placed, in that order, before its entry
+    point (one program: the server's interpreter cannot import this package)."""
     probe = PROBE_SOURCE.read_text()
     future = "from __future__ import annotations\n"
     checks = CHECKS_SOURCE.read_text().replace(future, "")
+    standins = STANDINS_SOURCE.read_text().replace(future, "")
     serve = SERVE_SOURCE.read_text().replace(future, "")
     head, main = probe.rsplit('\nif __name__ == "__main__":', 1)
-    return f'{head}\n{checks}\n{serve}\nif __name__ == "__main__":{main}'
+    return f'{head}\n{checks}\n{standins}\n{serve}\nif __name__ == "__main__":{main}'
 
 
 class _Helper:

@@ -42,14 +42,9 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # at run time these come in the same -c program (probe_source)
-    from sglang_supervisor.sglang.probe_checks import (
-        check_paths,
-        code_names,
-        model_unreachable,
-        not_run_item,
-        with_standins,
-    )
+    from sglang_supervisor.sglang.probe_checks import check_paths, model_unreachable
     from sglang_supervisor.sglang.probe_serve import serve
+    from sglang_supervisor.sglang.probe_standins import code_names, not_run_item, with_standins
 
 #: Resolved fields the supervisor shows (the full diff against the input comes too).
 KEY_FIELDS = (

@@ -38,6 +38,14 @@ class Faults:
     #: How many weights updates fail (None: none).
     update_weights_fail: float | None = None
 
+    def crash_due(self, since_ready: float) -> bool:
+        """``crash_after`` has come: the launcher dies abruptly, leaving its children."""
+        return self.crash_after is not None and since_ready >= self.crash_after
+
+    def unhealthy_due(self, since_ready: float) -> bool:
+        """``unhealthy_after`` has come: /health_generate answers 503 from now on."""
+        return self.unhealthy_after is not None and since_ready >= self.unhealthy_after
+
 
 def parse_faults(text: str) -> Faults:
     """Parse a ``SGLANG_SIM_FAULTS`` value. Raises ``ValueError`` naming the bad item."""

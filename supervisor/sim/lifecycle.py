@@ -298,18 +298,14 @@ class Launcher:
             return
         now = time.monotonic()
         since_ready = now - self._ready_at
-        if self.faults.crash_after is not None and since_ready >= self.faults.crash_after:
+        if self.faults.crash_due(since_ready):
             pids = [c.popen.pid for c in self._children.all]
             log(
                 f"(simulated fault crash_after={self.faults.crash_after:g}: launcher pid "
                 f"{os.getpid()} dies abruptly; children {pids} are left running)"
             )
             os._exit(1)
-        if (
-            self.healthy
-            and self.faults.unhealthy_after is not None
-            and since_ready >= self.faults.unhealthy_after
-        ):
+        if self.healthy and self.faults.unhealthy_due(since_ready):
             self.healthy = False
             log(
                 f"(simulated fault unhealthy_after={self.faults.unhealthy_after:g}: "
