@@ -99,6 +99,8 @@ class Launcher:
             tokens_per_s=env.tokens_per_s,
             prefill_batch_tokens=self.resolved.prefill_batch_tokens,
             prefill_limit_tokens=capacity.prefill_limit_tokens(self.resolved, total),
+            prefill_tokens_per_s=env.prefill_tokens_per_s,
+            schedule_conservativeness=self.resolved.capacity.schedule_conservativeness,
         )
         self.max_running_requests = max(1, self.resolved.max_running_requests)
         self._registry = metrics.registry_for(self.engine, cfg.served_model_name, cfg.num_ranks)

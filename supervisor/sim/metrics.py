@@ -50,6 +50,7 @@ class SglangMetrics(Collector):
             ("sglang:gen_throughput", "The generation throughput (token/s)."),
             ("sglang:cache_hit_rate", "The prefix cache hit rate."),
             ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."),
+            ("sglang:new_token_ratio", "The new token ratio."),
         ]
         gauges = {name: GaugeMetricFamily(name, doc, labels=labels) for name, doc in families}
         for worker, w in enumerate(parts):
@@ -65,9 +66,19 @@ class SglangMetrics(Collector):
                 ("sglang:gen_throughput", w.gen_throughput),
                 ("sglang:cache_hit_rate", w.cache_hit_rate),
                 ("sglang:max_total_num_tokens", self._engine.max_total_num_tokens),
+                ("sglang:new_token_ratio", w.new_token_ratio),
             ):
                 gauges[name].add_metric(values, value)
         yield from gauges.values()
+        retracted = CounterMetricFamily(
+            "sglang:num_retracted_requests", "Total number of retracted requests.", labels=labels
+        )
+        for worker, w in enumerate(parts):
+            values = [self._model, "unified", str(worker * attn_tp), "0", "0"]
+            retracted.add_metric(
+                values + ([str(worker)] if len(parts) > 1 else []), w.retracted_total
+            )
+        yield retracted
         s = self._engine.stats()
         counters: list[tuple[str, str, float]] = [
             ("sglang:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total),
@@ -81,6 +92,22 @@ class SglangMetrics(Collector):
             c = CounterMetricFamily(name, doc, labels=list(TOKENIZER_LABELS))
             c.add_metric([self._model, "unified"], value)
             yield c
+        # Every request that ended, finished or aborted (metrics_collector.py:1941, with
+        # ``is_streaming``; ``observe_one_finished_request`` counts aborted ones too).
+        n = CounterMetricFamily(
+            "sglang:num_requests",
+            "Number of requests processed.",
+            labels=[*TOKENIZER_LABELS, "is_streaming"],
+        )
+        n.add_metric([self._model, "unified", "false"], s.requests_total)
+        yield n
+        aborted = CounterMetricFamily(
+            "sglang:num_aborted_requests",
+            "Number of requests aborted.",
+            labels=list(TOKENIZER_LABELS),
+        )
+        aborted.add_metric([self._model, "unified"], s.aborted_total)
+        yield aborted
         # SGLang's TTFT histogram (metrics_collector.py:2040, with ``is_streaming``): the
         # simulation keeps the sum and the count, so only the +Inf bucket is exported.
         h = HistogramMetricFamily(
@@ -92,6 +119,15 @@ class SglangMetrics(Collector):
             [self._model, "unified", "false"], [("+Inf", s.ttft_count)], sum_value=s.ttft_sum_s
         )
         yield h
+        # The inter-token latency (metrics_collector.py:2050): one observation per token
+        # after a request's first, its interval since the one before.
+        itl = HistogramMetricFamily(
+            "sglang:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            labels=list(TOKENIZER_LABELS),
+        )
+        itl.add_metric([self._model, "unified"], [("+Inf", s.itl_count)], sum_value=s.itl_sum_s)
+        yield itl
 
 
 def decode_lines(engine: Engine, ranks: int) -> list[tuple[str, str]]:
