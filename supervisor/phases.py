@@ -49,6 +49,9 @@ class PhaseName(enum.StrEnum):
     ROUTER_REMOVE = "router_remove"
     #: ...and the new one added, listed healthy by the router, before the commit.
     ROUTER_ADD = "router_add"
+    #: With the effect guard: the new server serves for the effect window, then its
+    #: measured effect is judged (worse: the apply rolls back), before the commit.
+    EFFECT = "effect"
 
 
 class PhasePrefix(enum.StrEnum):
@@ -73,6 +76,7 @@ TIMED_PHASES: tuple[PhaseName, ...] = (
     PhaseName.BACKOFF,
     PhaseName.ROUTER_REMOVE,
     PhaseName.ROUTER_ADD,
+    PhaseName.EFFECT,
 )
 
 

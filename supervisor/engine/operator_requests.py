@@ -25,7 +25,7 @@ from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.operations import SUCCEEDED, Operation
 from sglang_supervisor.phases import OpKind
-from sglang_supervisor.sglang.levers import LeverSet, canonical_names
+from sglang_supervisor.sglang.levers import LeverError, LeverProblem, LeverSet, canonical_names
 from sglang_supervisor.sglang.schema import FlagSchema
 
 log = logging.getLogger("supervisor")
@@ -85,8 +85,10 @@ async def submit_apply(
     drain_timeout_s: float,
     force_restart: bool,
     without_router: bool,
+    effect_guard: bool | None = None,
 ) -> Operation:
     """``Supervisor.submit_apply``: validate and preflight, then run it as an operation."""
+    guard = guard_of(parts, effect_guard)
     # A restart waiting out its backoff yields to the operator, but only once the
     # request has been found valid (below): a typo must not cancel a recovery.
     if not dry_run:
@@ -126,10 +128,29 @@ async def submit_apply(
         return op
     drain = min(max(0.0, drain_timeout_s), parts.settings.timeouts.max_drain_s)
     apply = transaction.apply(
-        parts, record, stop, op, checked, drain, without_router=without_router
+        parts, record, stop, op, checked, drain, without_router=without_router, guard=guard
     )
     ops.run(op, apply)
     return op
+
+
+def guard_of(parts: Parts, requested: bool | None) -> bool:
+    """Whether the effect guard judges this apply: the request's ``effect_guard``, else
+    ``[server] effect_guard``. ``LeverError`` (422, nothing touched) when the request
+    asks for it with no effect window to judge by."""
+    guard = parts.settings.server.effect_guard if requested is None else requested
+    if requested and parts.settings.timeouts.effect_window_s <= 0:
+        raise LeverError(
+            [
+                LeverProblem(
+                    "effect_guard",
+                    "the effect guard needs an effect window, and [timeouts] effect_window_s "
+                    "is 0 on this daemon: set it (seconds) and reload, or apply without "
+                    "effect_guard",
+                )
+            ]
+        )
+    return guard and parts.settings.timeouts.effect_window_s > 0
 
 
 def refuse_if_superseded(ops: OperationRegistry, record: ReadRecord, base: LeverSet) -> None:

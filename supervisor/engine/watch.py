@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from sglang_supervisor.engine import effect
 from sglang_supervisor.engine.boundaries import exit_reason
 from sglang_supervisor.engine.parts import Parts
 from sglang_supervisor.engine.record import ReadRecord, ServerRecord
@@ -99,6 +100,7 @@ class Watcher:
             load = record.throughput if record.state in (S.READY, S.DRAINING) else Throughput()
             self.parts.history.record(load)
             self.parts.diagnoser.observe(load)
+            effect.look(self.parts, self.ops.current)  # an apply's effect being measured
             self._telemetry = asyncio.create_task(self._read_telemetry(), name="telemetry")
 
     def _liveness_tick(self, now: float) -> None:

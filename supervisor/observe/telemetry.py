@@ -2,9 +2,12 @@
 
 SGLang's gauges: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
 ``sglang:gen_throughput``, ``sglang:token_usage``, ``sglang:cache_hit_rate``; counters
-``sglang:generation_tokens_total``, ``sglang:prompt_tokens_total``; the histogram
-``sglang:time_to_first_token_seconds`` (its ``_sum`` and ``_count``: the history derives
-the mean TTFT of each interval from their increase). When no metrics endpoint
+``sglang:generation_tokens_total``, ``sglang:prompt_tokens_total``,
+``sglang:num_requests_total`` (every request that ended); the histograms
+``sglang:time_to_first_token_seconds`` and ``sglang:inter_token_latency_seconds`` (their
+``_sum`` and ``_count``: the history derives each interval's mean from their increase,
+and the arrival rate from the requests that ended plus the change in those running and
+queued). When no metrics endpoint
 answers, the last ``Decode batch, #running-req: ...`` line of the log is the fallback.
 """
 
@@ -28,12 +31,17 @@ _GAUGES = {
 _COUNTERS = {
     "sglang:generation_tokens": "generation_tokens_total",
     "sglang:prompt_tokens": "prompt_tokens_total",
+    #: ``metrics_collector.py:1941``: counted when a request ends (aborted ones too).
+    "sglang:num_requests": "requests_total",
 }
 #: Histogram series (SGLang 0.5.23 ``observability/metrics_collector.py:2040``), summed
 #: over their labels (``is_streaming``, and per DP rank where exported).
 _HISTOGRAMS = {
     "sglang:time_to_first_token_seconds_sum": "ttft_seconds_sum",
     "sglang:time_to_first_token_seconds_count": "ttft_count",
+    # metrics_collector.py:2050: one observation per token after a request's first.
+    "sglang:inter_token_latency_seconds_sum": "itl_seconds_sum",
+    "sglang:inter_token_latency_seconds_count": "itl_count",
 }
 
 
@@ -51,6 +59,11 @@ class Throughput:
     #: Time to first token: the histogram's sum (seconds) and count, since the server began.
     ttft_seconds_sum: float | None = None
     ttft_count: float | None = None
+    #: Inter-token latency: the histogram's sum (seconds) and count (tokens).
+    itl_seconds_sum: float | None = None
+    itl_count: float | None = None
+    #: Requests that ended (finished or aborted), since the server began.
+    requests_total: float | None = None
     #: "metrics", "log" or None (nothing read yet).
     source: str | None = None
 
