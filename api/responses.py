@@ -228,6 +228,10 @@ class HistoryAnswer(BaseModel):
     cache_hit_rate: list[float | None]
     gen_tokens_per_s: list[float | None]
     token_usage: list[float | None]
+    itl_s: list[float | None] = Field(description="mean inter-token latency in the interval")
+    arrivals_per_s: list[float | None] = Field(
+        description="requests that arrived per second in the interval (the offered load)"
+    )
 
 
 class DriftModel(BaseModel):

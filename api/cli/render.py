@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from sglang_supervisor_api.cli.render_effect import effect_summary
 from sglang_supervisor_api.cli.text import clip, clock, duration, gib, table, terminal_width, value
 
 Json = dict[str, Any]
@@ -179,6 +180,9 @@ def render_status(s: Json) -> str:
         restarts += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(by_reason.items())) + ")"
     head.append(("restarts", restarts))
     head.append(("throughput", _throughput(s.get("throughput"))))
+    effect = s.get("effect")
+    if isinstance(effect, dict):
+        head.append(("effect", f"apply {effect.get('operation')}: {effect_summary(effect)}"))
     lines.append(table(head))
 
     rows = lever_rows(s.get("levers") or {}, s.get("env") or {}, s.get("last_good_levers"))

@@ -11,7 +11,8 @@ appended to the history file once more, now with its effect.
 
 With the guard (``[server] effect_guard``, or the request's ``effect_guard``) the effect
 is a phase of the apply, between ``router_add`` and ``commit`` (``guarded_window``): the
-new server serves — in the router — for the window while the apply still runs (one
+new server serves — in the router — for the window (once it has filled:
+``observe.effect.settle_s``) while the apply still runs (one
 operation at a time: nothing else starts meanwhile); a verdict of ``worse`` rolls back to
 the last-good levers like a failed probation (``engine.rollback.roll_back``), any other
 verdict commits. So the levers /status shows change only at commit, as always, and a
@@ -29,7 +30,7 @@ from sglang_supervisor.engine.boundaries import Cancelled, exit_reason, pause
 from sglang_supervisor.engine.parts import Parts
 from sglang_supervisor.engine.record import ReadRecord
 from sglang_supervisor.engine.stop_request import StopRequest
-from sglang_supervisor.observe.effect import Margins, effect_json, judge, window
+from sglang_supervisor.observe.effect import Margins, effect_json, judge, settle_s, window
 from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation, wall_iso
 from sglang_supervisor.phases import OpKind, PhaseName
 
@@ -112,11 +113,12 @@ async def guarded_window(
     m = margins(parts.settings)
     ph = op.phase(PhaseName.EFFECT)
     before = parts.effects.before_window(op, window_s, parts.history.samples)
-    start = time.time()
+    settle = settle_s(before, window_s)  # the new server fills first
+    start = time.time() + settle
     closes = f"judged at {wall_iso(start + window_s)}; the commit waits for it (effect_guard)"
     op.effect = effect_json(window_s, m, True, before, None, "measuring", closes)
     server = record.server
-    deadline = parts.clock() + window_s
+    deadline = parts.clock() + settle + window_s
     why: str | None = None
     try:
         while (left := deadline - parts.clock()) > 0:
@@ -129,7 +131,7 @@ async def guarded_window(
             ph.end(FAILED, f"interrupted: {exc}")
             raise
         why = f"{exc} during the effect window"
-    after = window(parts.history.samples, start, time.time())
+    after = window(parts.history.samples, start, max(start, time.time()))
     effect = op.effect
     if why is not None:
         effect.update(after=after, verdict="interrupted", detail=f"{why}; not judged")

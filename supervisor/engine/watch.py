@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from sglang_supervisor.engine import effect
@@ -157,15 +158,19 @@ class Watcher:
         )
         if record.state not in (S.READY, S.DRAINING) or _launch(record) is not launch:
             return
+        read_at = time.time()
         text = await parts.health.metrics_text(parts.url, 2.0)
         if _launch(record) is not launch:
             return  # stopped or replaced meanwhile: these figures are not the server's now
         if text is not None:
             with contextlib.suppress(ValueError):
-                record.throughput_read(parse_metrics(text))
+                load = parse_metrics(text)
+                load.read_at = read_at
+                record.throughput_read(load)
                 return
         fallback = await asyncio.to_thread(last_decode_line, server.handle.log_path)
         if fallback is not None and _launch(record) is launch:
+            fallback.read_at = read_at
             record.throughput_read(fallback)
 
 

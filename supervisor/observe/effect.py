@@ -19,6 +19,12 @@ the offered load. The verdict (``judge``), in this order:
 * ``interrupted`` — another operation, a crash or the daemon's exit ended the window
   early (the figures cover what it saw); ``measuring`` while the window is open.
 
+The after-window begins once the new server has had time to fill: a restarted server
+starts with nothing running, and under the same arrivals it reaches its steady state
+after about the time a request spent in the server before the change — by Little's law,
+what ran and waited over the arrival rate (``settle_s``, at most one window). Without
+that, any restart would look like lost throughput for one request's lifetime.
+
 ``EffectMeter`` holds the one measurement in progress (an apply that committed without
 the guard), the last effect judged and a count per verdict: bounded whatever the uptime.
 """
@@ -96,6 +102,16 @@ def window(samples: Sequence[Sample], start: float, end: float) -> dict[str, Any
         values = [v for s in chosen if (v := getattr(s, column)) is not None]
         out[name] = round(sum(values) / len(values), 4) if values else None
     return out
+
+
+def settle_s(before: dict[str, Any], window_s: float) -> float:
+    """How long the new server fills before its window: the mean time a request spent
+    in the server before the change (running + queued over arrivals), at most a window."""
+    rate = before.get("arrival_rate_rps")
+    if not rate or rate < NO_LOAD_RPS:
+        return 0.0
+    inside = (before.get("running_requests") or 0.0) + (before.get("queued_requests") or 0.0)
+    return round(min(window_s, float(inside) / float(rate)), 1)
 
 
 def _change(name: str, before: float | None, after: float | None) -> float | None:
@@ -202,6 +218,7 @@ def effect_json(
     """What ``op.effect`` holds."""
     return {
         "window_s": window_s,
+        "settle_s": settle_s(before, window_s),
         "verdict": verdict,
         "detail": detail,
         "guard": guard,
@@ -251,13 +268,15 @@ class EffectMeter:
         window_s: float,
         m: Margins,
     ) -> None:
-        """``op`` committed: its before-window now, its after-window from ``now``."""
+        """``op`` committed: its before-window now, its after-window from ``now`` plus
+        the time the new server needs to fill (``settle_s``)."""
         before = self.before_window(op, window_s, samples)
-        closes = wall_iso(now + window_s)
+        start = now + settle_s(before, window_s)
+        closes = wall_iso(start + window_s)
         op.effect = effect_json(
             window_s, m, False, before, None, "measuring", f"the window closes at {closes}"
         )
-        self.pending = Pending(op, now, now + window_s, window_s, m)
+        self.pending = Pending(op, start, start + window_s, window_s, m)
         self.last = op
 
     def due(self, now: float) -> bool:
@@ -272,7 +291,7 @@ class EffectMeter:
         if p is None:
             return None
         self.pending = None
-        end = min(now, p.after_until)
+        end = max(p.after_from, min(now, p.after_until))
         after = window(samples, p.after_from, end)
         effect = dict(p.op.effect or {})
         if why is None:

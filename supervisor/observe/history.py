@@ -77,7 +77,11 @@ class LoadHistory:
             t = Throughput()
         else:
             self._last = t
-        now = round(self._wall(), 3)
+        # The read's own time: the sample is recorded on a later tick (up to an interval
+        # after), and a window of the history must hold what the server did in it.
+        now = round(t.read_at if t.read_at is not None else self._wall(), 3)
+        if self._ring and now < self._ring[-1].t:
+            now = self._ring[-1].t  # never out of order (GET /history?since= relies on it)
         self._ring.append(
             Sample(
                 now,

@@ -66,6 +66,9 @@ class Throughput:
     requests_total: float | None = None
     #: "metrics", "log" or None (nothing read yet).
     source: str | None = None
+    #: Unix time of the read (the history stamps its sample with it, not with the
+    #: later tick that records it).
+    read_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sglang_supervisor.observe.effect import Margins, judge, window
+from sglang_supervisor.observe.effect import Margins, judge, settle_s, window
 from sglang_supervisor.observe.history import Sample
 
 M = Margins(margin=0.10, load_margin=0.20)
@@ -65,6 +65,13 @@ def test_nothing_to_compare() -> None:
     assert verdict == "not measured" and "1 readings before the change" in detail
     verdict, detail, _ = judge(figures(arrival_rate_rps=None), figures(), M)
     assert verdict == "not measured" and "sglang:num_requests_total" in detail
+
+
+def test_the_after_window_waits_for_the_new_server_to_fill() -> None:
+    # Little's law: 50 running over 5 arrivals a second: a request spends 10 s inside.
+    assert settle_s(figures(), 60.0) == 10.0
+    assert settle_s(figures(queued_requests=250.0), 60.0) == 60.0  # at most a window
+    assert settle_s(figures(arrival_rate_rps=0.0), 60.0) == 0.0
 
 
 def test_a_window_is_the_mean_of_its_samples() -> None:

@@ -43,7 +43,7 @@ async def fed(rig: Rig, before: float, after: float) -> AsyncIterator[None]:
             rig.sup.parts.history.record(
                 Throughput(
                     gen_tokens_per_s=tput,
-                    running_requests=20.0,
+                    running_requests=0.5,  # a request spends 0.1 s in the server
                     queued_requests=0.0,
                     token_usage=0.5,
                     requests_total=done,
@@ -155,7 +155,7 @@ def test_without_the_guard_the_effect_is_measured_after_the_commit(tmp_path: Pat
             assert op.effect is not None and op.effect["verdict"] == "measuring"
             assert op.effect["after"] is None and op.effect["before"]["samples"] >= 2
             assert rig.sup.view().effect == {"operation": op.id, **op.effect}
-            await asyncio.sleep(WINDOW_S + 0.05)
+            await asyncio.sleep(0.1 + WINDOW_S + 0.05)  # it fills, then its window
             assert effect.look(rig.sup.parts, None) is op  # the watcher's telemetry read
         assert op.effect["verdict"] == "better", op.effect["detail"]
         assert "throughput 1,000 → 1,600 tok/s (+60%)" in op.effect["detail"]
@@ -182,7 +182,6 @@ def test_another_operation_or_the_daemons_exit_interrupts_the_measurement(
         assert restart.kind == OpKind.RESTART
         assert op.effect is not None and op.effect["verdict"] == "interrupted"
         assert f"operation {restart.id} (restart) began" in op.effect["detail"]
-        assert op.effect["after"]["samples"] >= 1
         # The next apply's effect is cut by the daemon's exit.
         async with fed(rig, before=1000.0, after=1000.0):
             second = await settle(rig, await rig.sup.submit_apply({"mem_fraction_static": 0.6}, {}))
