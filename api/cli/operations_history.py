@@ -21,7 +21,7 @@ from sglang_supervisor_api.cli.follow import OperationFollower, since_start
 from sglang_supervisor_api.cli.options import add_client_options
 from sglang_supervisor_api.cli.output import err, out, print_json
 from sglang_supervisor_api.cli.render import lever_changes
-from sglang_supervisor_api.cli.render_effect import effect_lines, effect_summary
+from sglang_supervisor_api.cli.render_effect import effect_lines, effect_verdict
 from sglang_supervisor_api.cli.render_live import log_line
 from sglang_supervisor_api.cli.text import clip, clock, duration, table, terminal_width
 
@@ -139,12 +139,12 @@ def _list(args: argparse.Namespace, client: Client) -> int:
                 str(op.get("state")),
                 clock(op.get("created_at")),
                 duration(op.get("duration_s")) if op.get("duration_s") is not None else "-",
+                effect_verdict(op.get("effect")),
                 "?" if diff is None else _diff_text(diff, op),
-                effect_summary(op.get("effect")) if op.get("kind") == "apply" else "-",
             ]
         )
     width = terminal_width()
-    text = table(rows, ["id", "kind", "outcome", "started", "took", "levers", "effect"])
+    text = table(rows, ["id", "kind", "outcome", "started", "took", "effect", "levers"])
     for line in text.splitlines():
         out(clip(line, width))
     return EXIT_OK

@@ -30,6 +30,13 @@ def effect_summary(effect: Any) -> str:
     return f"{verdict}: {effect.get('detail') or ''}".rstrip(": ")
 
 
+def effect_verdict(effect: Any) -> str:
+    """The verdict alone (``load-changed``: one word for a table), "-" without one."""
+    if not isinstance(effect, dict):
+        return "-"
+    return str(effect.get("verdict")).replace(" ", "-")
+
+
 def effect_lines(effect: Any) -> list[str]:
     """The effect's verdict, what it says, and each figure before beside after."""
     if not isinstance(effect, dict):

@@ -64,4 +64,4 @@ def test_an_unguarded_change_is_committed_then_judged_by_the_watcher(
     assert "effect   worse: throughput" in shown.stdout, shown.stdout
     assert "throughput (tok/s)" in shown.stdout and "arrivals (requests/s)" in shown.stdout
     listed = cli(d, "operations")
-    assert "worse: throughput" in listed.stdout, listed.stdout
+    assert f"{op['id']}  apply  succeeded" in listed.stdout and "  worse  " in listed.stdout
