@@ -200,9 +200,11 @@ def judge(
             else "unchanged"
         )
         shown = worse + better
+    # JSON has no infinity: a figure that rose from nothing is said ("new"), not stored.
+    stored = {n: c for n, c in changes.items() if c != float("inf")}
     if not shown:
-        return verdict, f"no figure moved by more than ±{m.margin:.0%} ({load})", changes
-    return verdict, f"{said(shown)}; under comparable load ({load})", changes
+        return verdict, f"no figure moved by more than ±{m.margin:.0%} ({load})", stored
+    return verdict, f"{said(shown)}; under comparable load ({load})", stored
 
 
 def effect_json(

@@ -3,6 +3,7 @@ history: comparable load first (the arrival rate), then throughput, then the wai
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -54,6 +55,12 @@ def test_the_verdict_and_the_figures_behind_it(
     assert said in detail
     if verdict not in ("load changed",):
         assert "generation_throughput_tps" in changes
+
+
+def test_a_figure_from_nothing_is_said_not_stored_as_infinity() -> None:
+    verdict, detail, changes = judge(figures(ttft_s=0.0), figures(ttft_s=0.5), M)
+    assert verdict == "worse" and "TTFT 0.000 → 0.500 s (new)" in detail
+    assert "ttft_s" not in changes and json.dumps(changes, allow_nan=False)
 
 
 def test_nothing_to_compare() -> None:
