@@ -31,7 +31,8 @@ async def history(
     ] = None,
 ) -> dict[str, Any]:
     """Load samples, oldest first, column by column (one per telemetry read, at most an
-    hour's): running, queued, time to first token, cache hit rate, throughput, KV usage."""
+    hour's): running, queued, time to first token, cache hit rate, throughput, KV usage,
+    inter-token latency, arrivals per second."""
     now = time.time()
     if since is not None and since > now + MAX_SINCE_AHEAD_S:
         raise RequestValidationError(

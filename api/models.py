@@ -28,3 +28,6 @@ class ApplyRequest(BaseModel):
     #: Apply although the [router] does not answer (it is checked before the stop); a
     #: router that then does not take the new server does not roll the apply back.
     without_router: bool = False
+    #: The effect guard for this apply (null: ``[server] effect_guard``): the commit waits
+    #: for the measured effect and a worse one rolls back to the last-good levers.
+    effect_guard: StrictBool | None = None

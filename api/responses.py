@@ -64,6 +64,33 @@ class NotRunModel(BaseModel):
     reason: str = Field(description="why: what this host lacks (the model config, a GPU...)")
 
 
+class EffectWindowModel(_Open):
+    """One window's figures: means of the daemon's load samples in it (null: no reading)."""
+
+    samples: int = Field(description="telemetry reads with a throughput in the window")
+    generation_throughput_tps: float | None = None
+    running_requests: float | None = None
+    queued_requests: float | None = None
+    token_usage: float | None = None
+    ttft_s: float | None = Field(None, description="mean time to first token")
+    itl_s: float | None = Field(None, description="mean inter-token latency")
+    arrival_rate_rps: float | None = Field(None, description="the offered load")
+
+
+class EffectModel(_Open):
+    """The measured effect of an apply (docs/api.md#the-measured-effect-of-an-apply)."""
+
+    window_s: float
+    verdict: str = Field(
+        description="measuring, better, worse, mixed, unchanged, load changed, no load, "
+        "not measured, interrupted"
+    )
+    detail: str = Field(description="the figures behind the verdict, or why there is none")
+    guard: bool = Field(description="the effect guard judged it (the commit waited for it)")
+    before: EffectWindowModel
+    after: EffectWindowModel | None = Field(None, description="null while measuring")
+
+
 class OperationModel(_Open):
     id: str
     kind: str = Field(description="apply, stop, start, restart, recover, shutdown")
@@ -114,6 +141,11 @@ class OperationModel(_Open):
         description="the time without service it caused, measured: seconds, serving_again "
         "and intervals (from a stop phase to the start phase that ended ready); null: it "
         "stopped nothing",
+    )
+    effect: EffectModel | None = Field(
+        None,
+        description="an apply that committed (or, with the effect guard, is being judged): "
+        "its measured effect; null before, and for other operations",
     )
 
 
@@ -227,6 +259,10 @@ class HistoryAnswer(BaseModel):
     cache_hit_rate: list[float | None]
     gen_tokens_per_s: list[float | None]
     token_usage: list[float | None]
+    itl_s: list[float | None] = Field(description="mean inter-token latency in the interval")
+    arrivals_per_s: list[float | None] = Field(
+        description="requests that arrived per second in the interval (the offered load)"
+    )
 
 
 class DriftModel(BaseModel):
@@ -286,6 +322,11 @@ class StatusAnswer(_Open):
         "config), read_at (daemon start, SIGHUP, POST /reconcile), serving (what the drift "
         "compares with: the running server's levers, or with none running the set the next "
         "start launches), problems (config levers the schema refuses), last_reconcile",
+    )
+    effect: dict[str, Any] | None = Field(
+        None,
+        description="the last apply's measured effect, with its operation id (as the "
+        "operation's effect); null before the first",
     )
     probation: dict[str, Any] | None = Field(
         None,

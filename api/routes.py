@@ -181,6 +181,7 @@ async def post_levers(
             drain_timeout_s=body.drain_timeout_s,
             force_restart=body.force_restart,
             without_router=body.without_router,
+            effect_guard=body.effect_guard,
         )
     except LeverError as exc:
         # A refused set is as it was sent: a misspelt secret (api-kye, env.hf_token) is

@@ -91,6 +91,7 @@ echo "== benchmarks (smoke: each runs once in its quickest form; figures printed
 bench_t0=$SECONDS
 .venv/bin/python -m tests.benchmarks.run --smoke --no-save
 .venv/bin/python -m tests.benchmarks.bench_validate --rounds 1 --colds 1
+.venv/bin/python -m tests.benchmarks.bench_sim_load --seconds 15
 .venv/bin/python -m tests.benchmarks.bench_router --only integration --duration 3 --concurrency 2 --replicas 2 \
   --no-save
 .venv/bin/python -m tests.benchmarks.h200 --dry-run --reps8 1 --reps48 1 --budget-s 60 \

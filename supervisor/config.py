@@ -118,6 +118,15 @@ class ServerSettings(_Section):
     #: TileLang, FlashInfer, DeepGEMM), kept across restarts; unless the environment sets
     #: one. Default ``<state_dir>/sglang-cache``.
     sglang_cache_dir: str | None = None
+    #: The effect guard: an apply's commit waits for its measured effect (``[timeouts]
+    #: effect_window_s``) and rolls back to the last-good levers when it is worse than
+    #: before under comparable load. A request's ``effect_guard`` overrides it.
+    effect_guard: bool = False
+    #: How much a figure must move (relative) to count as better or worse.
+    effect_margin: float = Field(0.10, gt=0, lt=1)
+    #: How far the arrival rate may move (relative) for the windows to be comparable;
+    #: beyond it the verdict is "load changed".
+    effect_load_margin: float = Field(0.20, gt=0, lt=1)
 
 
 class TimeoutSettings(_Section):
@@ -160,6 +169,10 @@ class TimeoutSettings(_Section):
     #: files are read into the page cache for at most this long (engine/warmup.py); 0
     #: turns the warm-up off. A SIGHUP reloads it, as every timeout.
     warmup_timeout_s: float = Field(600.0, ge=0)
+    #: After an apply commits, how long its effect is measured: the server over this
+    #: window beside the same window before the apply (the load history keeps an hour).
+    #: With the effect guard the commit waits for it. 0: not measured.
+    effect_window_s: float = Field(60.0, ge=0, le=1800)
     #: How long a kind of load must hold before /status's ``diagnosis`` reports it (the
     #: SglangKvCacheExhausted alert's ``for: 3m``; supervisor/planner/diagnosis.py).
     diagnosis_hold_s: float = Field(180.0, ge=0)

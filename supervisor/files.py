@@ -117,10 +117,22 @@ def read_regular(
     return result
 
 
+def _is_devnull(st: os.stat_result) -> bool:
+    if not stat.S_ISCHR(st.st_mode):
+        return False
+    try:
+        null = os.stat(os.devnull)
+    except OSError:
+        return False
+    return st.st_rdev == null.st_rdev
+
+
 def _read(path: str | Path, what: str, max_bytes: int) -> FileRead:
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     try:
         st = os.fstat(fd)
+        if _is_devnull(st):
+            return FileRead(b"", st)  # empty, never blocks: the usual "no file"
         if not stat.S_ISREG(st.st_mode):
             kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
             raise FileRefused(

@@ -93,6 +93,12 @@ class Operation:
     reported: bool = field(default=False, repr=False)
     created_at: str = field(default_factory=wall_iso)
     ended_at: str | None = None
+    #: The same instants as Unix times (the load history's clock).
+    created_unix: float = field(default_factory=time.time, repr=False)
+    ended_unix: float | None = field(default=None, repr=False)
+    #: An apply's measured effect (``observe.effect``): the server over a window after
+    #: it beside the same window before it, and the verdict; None until it commits.
+    effect: dict[str, Any] | None = None
     _t0: float = field(default_factory=time.monotonic, repr=False)
     duration_s: float | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
@@ -139,7 +145,8 @@ class Operation:
         self.state = state
         if error is not None:
             self.error = error
-        self.ended_at = wall_iso()
+        self.ended_unix = time.time()
+        self.ended_at = wall_iso(self.ended_unix)
         self.duration_s = time.monotonic() - self._t0
         for ph in self.phases:
             if ph.state == RUNNING:
@@ -200,6 +207,7 @@ class Operation:
             "path_reason": self.path_reason,
             "expected_downtime": self.expected_downtime,
             "downtime": self.downtime(),
+            "effect": self.effect,
         }
 
 

@@ -60,6 +60,9 @@ class PhaseName(enum.StrEnum):
     #: An operator's cancel that came after the operation's last step that could end
     #: it: not honoured, and said so rather than dropped.
     CANCEL = "cancel"
+    #: With the effect guard: the new server serves for the effect window, then its
+    #: measured effect is judged (worse: the apply rolls back), before the commit.
+    EFFECT = "effect"
 
 
 class PhasePrefix(enum.StrEnum):
@@ -88,6 +91,7 @@ TIMED_PHASES: tuple[PhaseName, ...] = (
     PhaseName.LIVE,
     PhaseName.WEIGHTS,
     PhaseName.VERIFY,
+    PhaseName.EFFECT,
 )
 
 

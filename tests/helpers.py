@@ -205,6 +205,11 @@ class Daemon:
 
     def start(self, wait_ready: bool = True) -> Daemon:
         self.spawn()
+        return self.wait_started(wait_ready)
+
+    def wait_started(self, wait_ready: bool = True) -> Daemon:
+        """After ``spawn``: wait as ``start`` does (several daemons spawned first start
+        side by side)."""
         # The API answers at once; start-up reads the live schema beside it (with
         # server.python an SGLang environment that imports SGLang: 10-30 s on a loaded
         # 2-core machine), and mutating calls answer 503 until then: wait for that too.

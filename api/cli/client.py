@@ -304,6 +304,7 @@ class Client:
         wait: bool = False,
         force_restart: bool = False,
         without_router: bool = False,
+        effect_guard: bool | None = None,
     ) -> Json:
         """``POST /levers``; returns the operation (finished already for a dry run).
 
@@ -321,6 +322,8 @@ class Client:
             body["force_restart"] = True
         if without_router:
             body["without_router"] = True
+        if effect_guard is not None:
+            body["effect_guard"] = effect_guard
         return self.apply_body(body, wait=wait)
 
     def apply_body(self, body: Mapping[str, Any], *, wait: bool = False) -> Json:

@@ -102,6 +102,24 @@ def _apply_parser(sub: Any) -> None:
         action="store_true",
         help="apply although the [router] does not answer (checked before the stop)",
     )
+    guard = p.add_mutually_exclusive_group()
+    guard.add_argument(
+        "--effect-guard",
+        dest="effect_guard",
+        action="store_const",
+        const=True,
+        default=None,
+        help="commit only once the change's measured effect ([timeouts] effect_window_s) "
+        "is no worse than before; roll back to the last-good levers otherwise",
+    )
+    guard.add_argument(
+        "--no-effect-guard",
+        dest="effect_guard",
+        action="store_const",
+        const=False,
+        help="commit without waiting for the effect (it is still measured), whatever "
+        "[server] effect_guard says",
+    )
     add_follow_options(p)
 
 

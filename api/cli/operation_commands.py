@@ -23,6 +23,7 @@ from sglang_supervisor_api.cli.levers_input import lever_changes_from_args
 from sglang_supervisor_api.cli.output import err, out, print_json
 from sglang_supervisor_api.cli.plan_render import downtime_line
 from sglang_supervisor_api.cli.render import lever_changes
+from sglang_supervisor_api.cli.render_effect import effect_lines, effect_summary
 from sglang_supervisor_api.cli.render_live import log_line, phase_line
 from sglang_supervisor_api.cli.text import duration, terminal_width
 
@@ -51,6 +52,7 @@ def cmd_apply(args: argparse.Namespace, client: Client) -> int:
             drain_timeout_s=args.drain,
             force_restart=args.force_restart,
             without_router=args.without_router,
+            effect_guard=args.effect_guard,
         )
         return dry_run_or_follow(args, client, follower, op, before, "the levers")
 
@@ -171,10 +173,18 @@ def report_outcome(client: Client, op: Json, width: int, live_log_lines: int = 0
             what = "changed live" if op["path"] == "live" else "new weights loaded in place"
             line += f" ({what}: no restart)"
         out(line)
+        if op.get("effect"):
+            out(f"effect: {effect_summary(op.get('effect'))}")
+            if op["effect"].get("verdict") == "measuring":
+                show = f"sglang-supervisor operations show {op.get('id')}"
+                out(f"  (judged when its window closes: {show})")
         return EXIT_OK
     tail = [str(x) for x in op.get("log_tail") or []]
     if state == "rolled_back":
         out(f"rolled back after {took}: {op.get('rollback_reason') or op.get('error')}")
+        if op.get("effect"):
+            for line in effect_lines(op.get("effect"))[1:]:
+                out(line)
         out("the last-good levers serve again")
     else:
         out(f"FAILED after {took}: {op.get('error')}")

@@ -1,7 +1,7 @@
 """``sglang-supervisor operations``: the daemon's recent operations (``GET /operations``),
 one of them in detail (``show ID``: its phases with their times from the operation's start,
-its lever diff, why it ended as it did), or one followed live until it ends (``follow
-ID``, as ``apply`` follows its own).
+its lever diff, why it ended as it did, an apply's measured effect), or one followed live
+until it ends (``follow ID``, as ``apply`` follows its own).
 
 The lever diff of an apply is what it asked for against the levers in force before it:
 its ``levers_before``, recorded by the daemon (the status page shows the same diff). From
@@ -22,6 +22,7 @@ from sglang_supervisor_api.cli.options import add_client_options
 from sglang_supervisor_api.cli.output import err, out, print_json
 from sglang_supervisor_api.cli.plan_render import downtime_line
 from sglang_supervisor_api.cli.render import lever_changes
+from sglang_supervisor_api.cli.render_effect import effect_lines, effect_verdict
 from sglang_supervisor_api.cli.render_live import log_line
 from sglang_supervisor_api.cli.text import clip, clock, duration, table, terminal_width
 
@@ -139,11 +140,12 @@ def _list(args: argparse.Namespace, client: Client) -> int:
                 str(op.get("state")),
                 clock(op.get("created_at")),
                 duration(op.get("duration_s")) if op.get("duration_s") is not None else "-",
+                effect_verdict(op.get("effect")),
                 "?" if diff is None else _diff_text(diff, op),
             ]
         )
     width = terminal_width()
-    text = table(rows, ["id", "kind", "outcome", "started", "took", "levers"])
+    text = table(rows, ["id", "kind", "outcome", "started", "took", "effect", "levers"])
     for line in text.splitlines():
         out(clip(line, width))
     return EXIT_OK
@@ -168,6 +170,7 @@ def render_operation(op: Json, diff: list[str] | None) -> list[str]:
     down = downtime_line(op)
     if down:
         lines.append(f"  {down}")
+    lines += effect_lines(op.get("effect"))
     phases = op.get("phases") or []
     if phases:
         lines.append("  phases (times from the operation's start):")

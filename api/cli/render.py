@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from sglang_supervisor_api.cli.render_effect import effect_summary
 from sglang_supervisor_api.cli.text import clip, clock, duration, gib, table, terminal_width, value
 
 Json = dict[str, Any]
@@ -186,6 +187,9 @@ def render_status(s: Json) -> str:
         if size is not None and cache.get("complete") is False:
             held = "at least " + held
         head.append(("jit cache", f"{cache['path']} ({cache.get('error') or held})"))
+    effect = s.get("effect")
+    if isinstance(effect, dict):
+        head.append(("effect", f"apply {effect.get('operation')}: {effect_summary(effect)}"))
     lines.append(table(head))
 
     rows = lever_rows(s.get("levers") or {}, s.get("env") or {}, s.get("last_good_levers"))

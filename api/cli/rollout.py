@@ -1,56 +1,48 @@
-"""``sglang-supervisor rollout``: one lever change across replicas, one at a time.
+"""``sglang-supervisor rollout``: one lever change across replicas: canaries first, then
+at most M at a time.
 
 Every replica's daemon first validates the change (a dry run: SGLang's parser, the
-resource checks); if one refuses, nothing is touched anywhere. Then each replica applies
-it in turn. With ``[router]`` configured, a daemon takes its server out of the router,
-drains it, restarts it, and commits only once the router lists the new server healthy, so
-the next replica starts only when this one serves again through the router. The rollout
-stops at the first replica that rolls back or fails; the rest are left as they are.
+resource checks); if one refuses, nothing is touched anywhere. With ``--canary N`` the
+first N replicas apply it first, with the effect guard: each daemon commits only after
+its effect window ([timeouts] effect_window_s) and rolls a worse change back itself; the
+rollout goes on only when every canary's measured effect is better or unchanged under
+comparable load, else it stops and puts the canaries back on their old levers. Then the
+rest apply it, ``--max-unavailable M`` at a time (default 1): with ``[router]``
+configured, a daemon takes its server out of the router, drains it, restarts it, and
+commits only once the router lists the new server healthy, so never more than M
+replicas are out of the router. The rollout stops at the first replica that rolls back
+or fails; those not started are left as they are.
 
 Replicas come from ``--daemon URL`` (repeatable, in order) or ``--fleet FILE``, a TOML
 file: ``daemons = ["http://gpu-a:8470", "http://gpu-b:8470"]`` and optionally
 ``token_file = "/etc/sglang-supervisor/token"`` (the token every daemon accepts).
 Exit codes as ``apply``: 0 every replica succeeded, 2 refused by a dry run (nothing
-touched), 3 a replica rolled back, 4 one failed, 5 one was busy, 6 one refused the token,
-1 one was unreachable.
+touched), 3 a replica rolled back (or the canaries did not prove the change), 4 one
+failed, 5 one was busy, 6 one refused the token, 1 one was unreachable.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import time
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sglang_supervisor_api.cli.client import Client, Json, resolve_token
-from sglang_supervisor_api.cli.client_errors import Busy, ClientError, Invalid
+from sglang_supervisor_api.cli.client import Client, resolve_token
+from sglang_supervisor_api.cli.client_errors import ClientError
 from sglang_supervisor_api.cli.exits import (
-    EXIT_BUSY,
     EXIT_ERROR,
     EXIT_INVALID,
     EXIT_OK,
-    EXIT_UNAUTHORIZED,
     UsageError,
-    error_exit,
     outcome_exit,
 )
-from sglang_supervisor_api.cli.follow import OperationFollower
 from sglang_supervisor_api.cli.levers_input import lever_changes_from_args
 from sglang_supervisor_api.cli.output import err, out, print_json
+from sglang_supervisor_api.cli.rollout_run import Replica, Rollout, failure
 from sglang_supervisor_api.cli.text import duration
 from sglang_supervisor_api.cli.tls import resolve_cacert
-
-
-@dataclass
-class Replica:
-    url: str
-    outcome: str = "not started"
-    took_s: float | None = None
-    detail: str = ""
-    exit_code: int = EXIT_OK
 
 
 def add_rollout_parser(sub: Any) -> None:
@@ -91,6 +83,21 @@ def add_rollout_parser(sub: Any) -> None:
         metavar="S",
         help="daemons without a router: first wait up to S seconds for requests to finish",
     )
+    p.add_argument(
+        "--canary",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the first N replicas first, each held until its measured effect is better or "
+        "unchanged (else the rollout stops and they go back to their old levers)",
+    )
+    p.add_argument(
+        "--max-unavailable",
+        type=int,
+        default=1,
+        metavar="M",
+        help="apply M replicas at a time (never more than M out of the router); default 1",
+    )
     p.set_defaults(func=run_rollout)
 
 
@@ -125,6 +132,10 @@ def run_rollout(args: argparse.Namespace) -> int:
             raise UsageError("nothing to roll out: give --set, --env, --unset or --file")
         if not math.isfinite(args.drain) or args.drain < 0:
             raise UsageError("--drain must be a number of seconds >= 0")
+        if not 0 <= args.canary <= len(urls):
+            raise UsageError(f"--canary must be between 0 and the {len(urls)} replicas")
+        if args.max_unavailable < 1:
+            raise UsageError("--max-unavailable must be at least 1")
     except (UsageError, ClientError) as exc:
         err(str(exc))
         return EXIT_INVALID if isinstance(exc, UsageError) else EXIT_ERROR
@@ -150,14 +161,7 @@ def run_rollout(args: argparse.Namespace) -> int:
     try:
         code = _validate_all(args, clients, replicas, levers, env)
         if code == EXIT_OK:
-            for client, replica in zip(clients, replicas, strict=True):
-                code = _apply_one(args, client, replica, levers, env)
-                if code != EXIT_OK:
-                    for rest in replicas:
-                        if rest.outcome == "validated":
-                            rest.outcome = "not started"
-                            rest.detail = f"the rollout stopped at {replica.url}"
-                    break
+            code = Rollout(args, clients, replicas, levers, env).run()
     except KeyboardInterrupt:
         err("interrupted: an apply already submitted goes on in its daemon")
         code = 130
@@ -166,23 +170,6 @@ def run_rollout(args: argparse.Namespace) -> int:
             c.close()
     _report(args, replicas)
     return code
-
-
-def _failure(replica: Replica, exc: ClientError) -> int:
-    if isinstance(exc, Invalid):
-        replica.outcome, replica.exit_code = "refused", EXIT_INVALID
-        problems = "; ".join(f"{lever}: {msg}" for lever, msg in exc.problems)
-        replica.detail = problems or str(exc)
-    elif isinstance(exc, Busy):
-        replica.outcome, replica.exit_code = "busy", EXIT_BUSY
-        replica.detail = str(exc)
-    else:
-        replica.exit_code = error_exit(exc)
-        replica.outcome = (
-            "unauthorized" if replica.exit_code == EXIT_UNAUTHORIZED else "unreachable"
-        )
-        replica.detail = str(exc)
-    return replica.exit_code
 
 
 def _validate_all(
@@ -194,11 +181,15 @@ def _validate_all(
 ) -> int:
     """Dry-run on every replica; the first refusal's exit code (after asking all)."""
     worst = EXIT_OK
-    for client, replica in zip(clients, replicas, strict=True):
+    for i, (client, replica) in enumerate(zip(clients, replicas, strict=True)):
         try:
-            op = client.apply(levers, env, dry_run=True)
+            # A canary is checked with the guard it will apply with (a daemon without an
+            # effect window refuses it now, not after the others applied).
+            op = client.apply(
+                levers, env, dry_run=True, effect_guard=True if i < args.canary else None
+            )
         except ClientError as exc:
-            code = _failure(replica, exc)
+            code = failure(replica, exc)
         else:
             code = outcome_exit(op.get("state"))
             replica.outcome = "validated" if code == EXIT_OK else f"dry run {op.get('state')}"
@@ -215,46 +206,6 @@ def _validate_all(
     return worst
 
 
-def _apply_one(
-    args: argparse.Namespace,
-    client: Client,
-    replica: Replica,
-    levers: dict[str, Any],
-    env: dict[str, Any],
-) -> int:
-    """Apply on one replica and follow it to its end; then confirm it serves through the
-    router (when the daemon has one)."""
-    emit = None if args.json else (lambda line: out(f"[{replica.url}] {line}"))
-    started = time.monotonic()
-    try:
-        with OperationFollower(client, emit, use_events=not args.poll) as follower:
-            follower.prepare()
-            op = client.apply(levers, env, drain_timeout_s=args.drain)
-            final = follower.follow(op)
-        replica.took_s = time.monotonic() - started
-        state = str(final.get("state"))
-        replica.outcome, replica.exit_code = state, outcome_exit(state)
-        if state != "succeeded":
-            replica.detail = str(final.get("rollback_reason") or final.get("error") or "")
-            return replica.exit_code
-        replica.detail = _router_detail(client.status())
-    except ClientError as exc:
-        replica.took_s = time.monotonic() - started
-        return _failure(replica, exc)
-    if replica.detail.startswith("NOT"):
-        replica.outcome, replica.exit_code = "failed", outcome_exit("failed")
-    return replica.exit_code
-
-
-def _router_detail(status: Json) -> str:
-    router = status.get("router")
-    if not isinstance(router, dict) or not router.get("url"):
-        return "no router configured: its clients saw the restart"
-    if router.get("registered") is True:
-        return f"back in the router {router['url']} as {router.get('worker_url')}"
-    return f"NOT in the router {router['url']}: {router.get('error') or 'not listed'}"
-
-
 def _report(args: argparse.Namespace, replicas: list[Replica]) -> None:
     if args.json:
         print_json(
@@ -264,14 +215,17 @@ def _report(args: argparse.Namespace, replicas: list[Replica]) -> None:
                     "outcome": r.outcome,
                     "duration_s": r.took_s,
                     "detail": r.detail,
+                    "canary": r.canary,
+                    "effect": r.op.get("effect"),
                 }
                 for r in replicas
             ]
         )
         return
-    width = max(len("replica"), *(len(r.url) for r in replicas))
+    width = max(len("replica"), *(len(r.url) + (9 if r.canary else 0) for r in replicas))
     out("")
     out(f"{'replica':<{width}}  {'outcome':<12} {'took':>8}  detail")
     for r in replicas:
         took = duration(r.took_s) if r.took_s is not None else "-"
-        out(f"{r.url:<{width}}  {r.outcome:<12} {took:>8}  {r.detail}")
+        name = f"{r.url} (canary)" if r.canary else r.url
+        out(f"{name:<{width}}  {r.outcome:<12} {took:>8}  {r.detail}")

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_supervisor.engine import routing
+from sglang_supervisor.engine import effect, routing
 from sglang_supervisor.engine.boundaries import Cancelled, checkpoint
 from sglang_supervisor.engine.live_calls import LiveFailed, LiveServer
 from sglang_supervisor.engine.parts import Parts
@@ -40,8 +40,11 @@ async def apply_live(
     new: LeverSet,
     path: ChangePath,
     drain_s: float,
+    guard: bool = False,
 ) -> None:
-    """Change ``path.steps`` on the ready server, read them back, commit ``new``."""
+    """Change ``path.steps`` on the ready server, read them back, commit ``new``. With
+    ``guard`` the commit waits for the measured effect (``engine.effect``): a worse one
+    puts the old values back live; without it the effect is measured after the commit."""
     server = record.server
     assert server is not None and path.kind == "live"
     old = server.levers
@@ -83,6 +86,13 @@ async def apply_live(
             await put_back(parts, record, stop, op, live, done, before, str(exc))
             return
         await back_in_service(parts, record, op, quiet)
+        if guard:
+            worse = await effect.guarded_window(parts, record, stop, op)
+            if worse is not None:
+                await put_back(parts, record, stop, op, live, done, before, worse)
+                return
+        else:
+            effect.begin(parts, op)
         record.changed_in_place(new)
         parts.journal.record_changed_in_place(new)
         await commit(parts, record, op, new)

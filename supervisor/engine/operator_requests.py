@@ -26,7 +26,7 @@ from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.operations import SUCCEEDED, Operation
 from sglang_supervisor.phases import OpKind
-from sglang_supervisor.sglang.levers import LeverSet, canonical_names
+from sglang_supervisor.sglang.levers import LeverError, LeverProblem, LeverSet, canonical_names
 from sglang_supervisor.sglang.live import ChangePath
 from sglang_supervisor.sglang.schema import FlagSchema
 
@@ -87,8 +87,10 @@ async def submit_apply(
     drain_timeout_s: float,
     force_restart: bool,
     without_router: bool,
+    effect_guard: bool | None = None,
 ) -> Operation:
     """``Supervisor.submit_apply``: validate and preflight, then run it as an operation."""
+    guard = guard_of(parts, effect_guard)
     # A restart waiting out its backoff yields to the operator, but only once the
     # request has been found valid (below): a typo must not cancel a recovery.
     if not dry_run:
@@ -142,12 +144,14 @@ async def submit_apply(
         return op
     assert path is not None
     if path.kind == "live":
-        ops.run(op, live_change.apply_live(parts, record, stop, op, checked, path, drain))
+        apply_live = live_change.apply_live(parts, record, stop, op, checked, path, drain, guard)
+        ops.run(op, apply_live)
     elif path.kind == "weights":
-        ops.run(op, weights_change.apply_weights(parts, record, stop, op, checked, drain))
+        apply_weights = weights_change.apply_weights(parts, record, stop, op, checked, drain, guard)
+        ops.run(op, apply_weights)
     else:
         apply = transaction.apply(
-            parts, record, stop, op, checked, drain, without_router=without_router
+            parts, record, stop, op, checked, drain, without_router=without_router, guard=guard
         )
         ops.run(op, apply)
     return op
@@ -156,6 +160,25 @@ async def submit_apply(
 def _quiesces(path: ChangePath) -> bool:
     """The live change needs no request in flight (SGLang's storage-backend attach)."""
     return any(s.mechanism == "hicache_storage" for s in path.steps)
+
+
+def guard_of(parts: Parts, requested: bool | None) -> bool:
+    """Whether the effect guard judges this apply: the request's ``effect_guard``, else
+    ``[server] effect_guard``. ``LeverError`` (422, nothing touched) when the request
+    asks for it with no effect window to judge by."""
+    guard = parts.settings.server.effect_guard if requested is None else requested
+    if requested and parts.settings.timeouts.effect_window_s <= 0:
+        raise LeverError(
+            [
+                LeverProblem(
+                    "effect_guard",
+                    "the effect guard needs an effect window, and [timeouts] effect_window_s "
+                    "is 0 on this daemon: set it (seconds) and reload, or apply without "
+                    "effect_guard",
+                )
+            ]
+        )
+    return guard and parts.settings.timeouts.effect_window_s > 0
 
 
 def refuse_if_superseded(ops: OperationRegistry, record: ReadRecord, base: LeverSet) -> None:

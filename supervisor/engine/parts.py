@@ -6,7 +6,8 @@ operations, the health checker, the journal, the router client, the event bus an
 clock. Nothing here is reassigned: ``Parts`` is frozen, and ``Learned`` refuses a second
 ``learn``. (The collaborators themselves have their own state, kept behind their own
 methods: the journal's file, the router's registration, the events' ring, the load's
-history and its diagnosis, the config's levers as the desired state.)
+history and its diagnosis, the config's levers as the desired state, the effect being
+measured.)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sglang_supervisor.engine.journal import Journal
 from sglang_supervisor.host.backend import Backend, ProcessOps
 from sglang_supervisor.host.gpu import GpuProbe
 from sglang_supervisor.observe.cachedir import CacheDirUsage
+from sglang_supervisor.observe.effect import EffectMeter
 from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.observe.health import HealthChecker
 from sglang_supervisor.observe.history import LoadHistory
@@ -93,6 +95,8 @@ class Parts:
     diagnoser: Diagnoser
     #: The config file's levers as the desired state (re-read on SIGHUP; engine/desired.py).
     desired: DesiredLevers
+    #: An apply's effect being measured, the last one judged (observe/effect.py).
+    effects: EffectMeter
     #: Reads the live schema at start-up (None: keep the bundled one).
     schema_loader: SchemaLoader | None = None
     #: SGLang's runtime endpoints: what changes the running server without a restart.

@@ -18,7 +18,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sglang_supervisor.config import ServerSettings, Settings, instance_tag_prefix
-from sglang_supervisor.engine import checks, operator_requests, rollback, startup, transaction
+from sglang_supervisor.engine import (
+    checks,
+    effect,
+    operator_requests,
+    rollback,
+    startup,
+    transaction,
+)
 from sglang_supervisor.engine.desired import DesiredLevers, reconcile
 from sglang_supervisor.engine.facade import SupervisorReads
 from sglang_supervisor.engine.journal import Journal
@@ -32,6 +39,7 @@ from sglang_supervisor.engine.view import MembersCache, SupervisorView, gpu_stat
 from sglang_supervisor.engine.watch import Watcher
 from sglang_supervisor.host.backend import Backend, ProcessOps
 from sglang_supervisor.host.gpu import GpuSample
+from sglang_supervisor.observe.effect import EffectMeter
 from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.observe.health import HealthChecker
 from sglang_supervisor.observe.history import LoadHistory
@@ -91,8 +99,11 @@ class Supervisor(SupervisorReads):
             # Read at each sample: a SIGHUP replaces settings.timeouts (api/reload.py).
             diagnoser=Diagnoser(lambda: settings.timeouts.diagnosis_hold_s, clock=clock),
             desired=DesiredLevers(settings.server),
+            effects=EffectMeter(),
         )
         self.ops = OperationRegistry(events, self.parts.journal, self._contain)
+        # Another operation's end interrupts an effect being measured (engine/effect.py).
+        self.ops.on_end.append(lambda op: effect.operation_ended(self.parts, op))
         self.watch = Watcher(self.parts, self.record, self.ops, self.on_crash)
         #: A shutdown asked for (graceful, then forced) and the drain's deadline: what
         #: the steps read to end early, apart from the state.
@@ -209,6 +220,7 @@ class Supervisor(SupervisorReads):
             if task is not None and not task.done():
                 await asyncio.wait({task})  # ends at its next phase boundary
             await self.watch.stop()
+            await effect.at_shutdown(self.parts)  # an effect being measured: interrupted
             op = Operation(kind=OpKind.SHUTDOWN)
             if not keep_server:
                 self.ops.keep(op)
@@ -282,9 +294,13 @@ class Supervisor(SupervisorReads):
         drain_timeout_s: float = 0.0,
         force_restart: bool = False,
         without_router: bool = False,
+        effect_guard: bool | None = None,
     ) -> Operation:
         """Validate and preflight a lever change (with ``[router]``: the router answers,
         unless ``without_router``), then run it as an operation.
+
+        With ``effect_guard`` (None: ``[server] effect_guard``) the commit waits for the
+        change's measured effect and a worse one rolls back (``engine.effect``).
 
         The levers the ready server already serves change nothing: the operation
         succeeds at once and the server is not touched, unless ``force_restart``.
@@ -304,6 +320,7 @@ class Supervisor(SupervisorReads):
             drain_timeout_s=drain_timeout_s,
             force_restart=force_restart,
             without_router=without_router,
+            effect_guard=effect_guard,
         )
 
     def take_config(self, server: ServerSettings) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from sglang_supervisor.engine import routing
+from sglang_supervisor.engine import effect, routing
 from sglang_supervisor.engine.boundaries import Cancelled, checkpoint, pause
 from sglang_supervisor.engine.checks import refuse_if_foreign
 from sglang_supervisor.engine.parts import Parts
@@ -42,10 +42,13 @@ async def apply(
     drain_s: float,
     *,
     without_router: bool = False,
+    guard: bool = False,
 ) -> None:
     """journal -> drain -> stop and release -> launch with probation -> commit, or roll
     back to the last-good levers. Validation and preflight ran before (nothing stopped).
-    With ``without_router`` a failed ``router_add`` is reported, not rolled back."""
+    With ``without_router`` a failed ``router_add`` is reported, not rolled back. With
+    ``guard`` the commit waits for the measured effect (a worse one rolls back);
+    without it the effect is measured after the commit (``engine.effect``)."""
     await parts.journal.begin_apply(op.id, new)
     exiting = False
     try:
@@ -57,10 +60,15 @@ async def apply(
         if await launch_until_ready(parts, record, stop, op, new, probation=True):
             refused = await routing.join(parts, record, op)
             if refused is None or without_router:
-                await commit(parts, record, op, new)
-                if refused is not None:  # the operator chose to go on without the router
-                    op.phases[-1].detail += f"; outside the router (without_router): {refused}"
-                return
+                worse = await effect.guarded_window(parts, record, stop, op) if guard else None
+                if worse is None:
+                    if not guard:
+                        effect.begin(parts, op)
+                    await commit(parts, record, op, new)
+                    if refused is not None:  # the operator chose to go on without the router
+                        op.phases[-1].detail += f"; outside the router (without_router): {refused}"
+                    return
+                refused = worse
             op.rollback_reason = refused
         await roll_back(parts, record, stop, op, op.rollback_reason or "the new levers failed")
     except asyncio.CancelledError:

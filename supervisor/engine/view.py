@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -24,6 +24,7 @@ from sglang_supervisor.engine.server import serving_cache_dir
 from sglang_supervisor.host.gpu import GpuInfo, GpuQueryError
 from sglang_supervisor.observe.history import Sample
 from sglang_supervisor.observe.telemetry import Throughput
+from sglang_supervisor.operations import Operation
 from sglang_supervisor.planner.diagnosis import Diagnosis
 from sglang_supervisor.sglang.levers import LeverSet
 from sglang_supervisor.sglang.schema import FlagSchema
@@ -122,6 +123,10 @@ class SupervisorView:
     desired: DesiredView | None = None
     #: The server's SGLANG_CACHE_DIR and its size as last measured (observe/cachedir.py).
     sglang_cache: Mapping[str, Any] | None = None
+    #: The last apply's measured effect (``observe/effect.py``) with its ``operation``
+    #: id, measuring or judged; and the effects judged so far, by verdict.
+    effect: Mapping[str, Any] | None = None
+    effect_counts: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def gpu_indices(self) -> list[int]:
@@ -167,6 +172,7 @@ class SupervisorView:
             else {"duration_s": round(self.last_drain_s, 3), "requests_left": self.last_drain_left},
             "probation": None if self.probation is None else dict(self.probation),
             "sglang_cache": None if self.sglang_cache is None else dict(self.sglang_cache),
+            "effect": None if self.effect is None else dict(self.effect),
             # drift (config vs serving) and levers_config: engine/desired.py
             **(
                 {}
@@ -255,6 +261,8 @@ def snapshot(parts: Parts, record: ReadRecord, ops: OperationRegistry) -> Superv
         history=parts.history.samples,
         desired=parts.desired.view(),
         sglang_cache=_cache_json(parts, record),
+        effect=effect_view(parts.effects.last),
+        effect_counts=frozen_map(parts.effects.counts),
     )
 
 
@@ -274,6 +282,13 @@ def _cache_json(parts: Parts, record: ReadRecord) -> Mapping[str, Any]:
             "error": None,
         }
     )
+
+
+def effect_view(op: Operation | None) -> Mapping[str, Any] | None:
+    """``/status``'s ``effect``: the last measured apply's effect, with its id."""
+    if op is None or op.effect is None:
+        return None
+    return frozen_map({"operation": op.id, **op.effect})
 
 
 class MembersCache:

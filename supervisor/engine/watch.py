@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sglang_supervisor.engine import effect
 from sglang_supervisor.engine.boundaries import exit_reason
 from sglang_supervisor.engine.parts import Parts
 from sglang_supervisor.engine.record import ReadRecord, ServerRecord
@@ -105,6 +107,7 @@ class Watcher:
             load = record.throughput if record.state in (S.READY, S.DRAINING) else Throughput()
             self.parts.history.record(load)
             self.parts.diagnoser.observe(load)
+            effect.look(self.parts, self.ops.current)  # an apply's effect being measured
             self._telemetry = asyncio.create_task(self._read_telemetry(), name="telemetry")
         path = serving_cache_dir(self.parts, self.record.levers)
         usage = self.parts.cache_usage
@@ -172,15 +175,19 @@ class Watcher:
         )
         if record.state not in (S.READY, S.DRAINING) or _launch(record) is not launch:
             return
+        read_at = time.time()
         text = await parts.health.metrics_text(parts.url, 2.0)
         if _launch(record) is not launch:
             return  # stopped or replaced meanwhile: these figures are not the server's now
         if text is not None:
             with contextlib.suppress(ValueError):
-                record.throughput_read(parse_metrics(text))
+                load = parse_metrics(text)
+                load.read_at = read_at
+                record.throughput_read(load)
                 return
         fallback = await asyncio.to_thread(last_decode_line, server.handle.log_path)
         if fallback is not None and _launch(record) is launch:
+            fallback.read_at = read_at
             record.throughput_read(fallback)
 
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sglang_supervisor.engine import effect
 from sglang_supervisor.engine.boundaries import Cancelled, checkpoint
 from sglang_supervisor.engine.live_calls import LiveFailed, LiveServer
 from sglang_supervisor.engine.live_change import back_in_service
@@ -55,8 +56,11 @@ async def apply_weights(
     op: Operation,
     new: LeverSet,
     drain_s: float,
+    guard: bool = False,
 ) -> None:
-    """Load ``new``'s checkpoint into the ready server, confirm it, commit ``new``."""
+    """Load ``new``'s checkpoint into the ready server, confirm it, commit ``new``. With
+    ``guard`` the commit waits for the measured effect (``engine.effect``): a worse one
+    loads the old weights back; without it the effect is measured after the commit."""
     server = record.server
     assert server is not None
     old, handle = server.levers, server.handle
@@ -94,6 +98,13 @@ async def apply_weights(
             await update_back(parts, record, stop, op, live, old, before, str(exc))
             return
         await back_in_service(parts, record, op, quiet=True)
+        if guard:
+            worse = await effect.guarded_window(parts, record, stop, op)
+            if worse is not None:
+                await update_back(parts, record, stop, op, live, old, before, worse)
+                return
+        else:
+            effect.begin(parts, op)
         record.changed_in_place(new)
         parts.journal.record_changed_in_place(new)
         await commit(parts, record, op, new)

@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sglang_supervisor.host.gpu import GpuQueryError
+from sglang_supervisor.observe.effect import VERDICTS
 from sglang_supervisor.operations import OUTCOMES, Operation
 from sglang_supervisor.phases import TIMED_PHASES, OpKind, base_phase
 from sglang_supervisor.states import ServerState
@@ -95,6 +96,7 @@ class _Collector(Collector):
         yield from self._gpus(view)
         yield from self._server(view)
         yield from self._router(view)
+        yield from _effect(view)
 
     def _router(self, view: SupervisorView) -> Iterator[Metric]:
         """The router integration: whether the server is in the router (only with
@@ -231,6 +233,57 @@ class _Collector(Collector):
             "1 when throughput comes from the server's Decode batch log lines, not /metrics",
             value=1.0 if t.source == "log" else 0.0,
         )
+
+
+#: The last effect's figures as gauges: (name, help, the figure in before/after).
+EFFECT_GAUGES = (
+    (
+        "generation_throughput_tokens_per_second",
+        "Generation throughput",
+        "generation_throughput_tps",
+    ),
+    ("running_requests", "Requests running", "running_requests"),
+    ("queued_requests", "Requests queued", "queued_requests"),
+    ("token_usage_ratio", "KV-cache token usage, 0..1", "token_usage"),
+    ("time_to_first_token_seconds", "Mean time to first token", "ttft_s"),
+    ("inter_token_latency_seconds", "Mean inter-token latency", "itl_s"),
+    ("arrival_rate_requests_per_second", "Requests arriving per second", "arrival_rate_rps"),
+)
+
+
+def _effect(view: SupervisorView) -> Iterator[Metric]:
+    """The last apply's measured effect (observe/effect.py): its verdict, each figure
+    over the window before and after it, and the effects judged so far by verdict."""
+    judged = CounterMetricFamily(
+        f"{PREFIX}_effects",
+        "Measured effects of applies, by verdict",
+        labels=["verdict"],
+    )
+    for v in VERDICTS[1:]:
+        judged.add_metric([v], float(view.effect_counts.get(v, 0)))
+    yield judged
+    effect = view.effect
+    if effect is None:
+        return
+    last = GaugeMetricFamily(
+        f"{PREFIX}_last_effect_verdict",
+        "1 for the verdict of the last apply's measured effect (measuring: its window is open)",
+        labels=["verdict"],
+    )
+    for v in VERDICTS:
+        last.add_metric([v], 1.0 if effect.get("verdict") == v else 0.0)
+    yield last
+    for name, doc, figure in EFFECT_GAUGES:
+        g = GaugeMetricFamily(
+            f"{PREFIX}_last_effect_{name}",
+            f"{doc}: mean over the last apply's effect window, before and after it",
+            labels=["window"],
+        )
+        for side in ("before", "after"):
+            value = (effect.get(side) or {}).get(figure)
+            if value is not None:
+                g.add_metric([side], float(value))
+        yield g
 
 
 class _Constant(Collector):

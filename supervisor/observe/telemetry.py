@@ -2,16 +2,18 @@
 
 SGLang's gauges: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
 ``sglang:gen_throughput``, ``sglang:token_usage``, ``sglang:cache_hit_rate``; counters
-``sglang:generation_tokens_total``, ``sglang:prompt_tokens_total``; the histogram
-``sglang:time_to_first_token_seconds`` (its ``_sum`` and ``_count``: the history derives
-the mean TTFT of each interval from their increase). The prefix cache's evidence
-(``supervisor/planner/prefixcache.py`` reads it): the gauge ``sglang:kv_evictable_tokens``,
-``sglang:hicache_host_total_tokens`` (only with the hierarchical cache), the counters
-``sglang:cached_tokens_total`` (every ``cache_source``) and the radix cache's
-``sglang:evicted_tokens_total`` and ``sglang:load_back_tokens_total``, which every rank
-exports for its own KV shard: one rank per DP worker is read (``tp_rank`` and ``pp_rank``
-0). When no metrics endpoint answers, the last ``Decode batch, #running-req: ...`` line of
-the log is the fallback.
+``sglang:generation_tokens_total``, ``sglang:prompt_tokens_total``,
+``sglang:num_requests_total`` (every request that ended); the histograms
+``sglang:time_to_first_token_seconds`` and ``sglang:inter_token_latency_seconds`` (their
+``_sum`` and ``_count``: the history derives each interval's mean from their increase,
+and the arrival rate from the requests that ended plus the change in those running and
+queued). The prefix cache's evidence (``supervisor/planner/prefixcache.py`` reads it):
+the gauge ``sglang:kv_evictable_tokens``, ``sglang:hicache_host_total_tokens`` (only with
+the hierarchical cache), the counters ``sglang:cached_tokens_total`` (every
+``cache_source``) and the radix cache's ``sglang:evicted_tokens_total`` and
+``sglang:load_back_tokens_total``, which every rank exports for its own KV shard: one rank
+per DP worker is read (``tp_rank`` and ``pp_rank`` 0). When no metrics endpoint answers,
+the last ``Decode batch, #running-req: ...`` line of the log is the fallback.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ _COUNTERS = {
     "sglang:cached_tokens": "cached_tokens_total",
     "sglang:evicted_tokens": "evicted_tokens_total",
     "sglang:load_back_tokens": "load_back_tokens_total",
+    #: ``metrics_collector.py:1941``: counted when a request ends (aborted ones too).
+    "sglang:num_requests": "requests_total",
 }
 #: Counters every rank exports for its own shard (SGLang 0.5.23
 #: ``radix_cache_metric_labels``): read from each DP worker's first rank only.
@@ -50,6 +54,9 @@ _PER_RANK = frozenset({"evicted_tokens_total", "load_back_tokens_total"})
 _HISTOGRAMS = {
     "sglang:time_to_first_token_seconds_sum": "ttft_seconds_sum",
     "sglang:time_to_first_token_seconds_count": "ttft_count",
+    # metrics_collector.py:2050: one observation per token after a request's first.
+    "sglang:inter_token_latency_seconds_sum": "itl_seconds_sum",
+    "sglang:inter_token_latency_seconds_count": "itl_count",
 }
 
 
@@ -75,8 +82,16 @@ class Throughput:
     cached_tokens_total: float | None = None
     evicted_tokens_total: float | None = None
     load_back_tokens_total: float | None = None
+    #: Inter-token latency: the histogram's sum (seconds) and count (tokens).
+    itl_seconds_sum: float | None = None
+    itl_count: float | None = None
+    #: Requests that ended (finished or aborted), since the server began.
+    requests_total: float | None = None
     #: "metrics", "log" or None (nothing read yet).
     source: str | None = None
+    #: Unix time of the read (the history stamps its sample with it, not with the
+    #: later tick that records it).
+    read_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -31,14 +31,17 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_supervisor import planner
 from sglang_supervisor.planner import ModelSpec, PlanError
 from sglang_supervisor.planner.hicache import HICACHE_HOST_MEMORY_FRACTION, auto_sized
 from sglang_supervisor.sglang.layout import Layout
-from sglang_supervisor.sim.load import LOAD_ENV, parse_load
+from sglang_supervisor.sim.load import LOAD_ENV, Engine, parse_load
 from sglang_supervisor.units import GiB, MiB
+
+if TYPE_CHECKING:
+    from sglang_supervisor.sim.flags import SimEnv
 
 #: The simulated host's available RAM (GiB) for the hierarchical cache's auto-sizing.
 HOST_RAM_ENV = "SGLANG_SIM_HOST_RAM_GIB"
@@ -293,3 +296,22 @@ def prefill_oom_report(resolved: Resolved, gpu_bytes: int, tokens: int) -> list[
         f"room for {limit} after the CUDA graphs; SGLang's default for these flags is "
         f"{resolved.capacity.sglang_default_fraction})",
     ]
+
+
+def engine_for(resolved: Resolved, env: SimEnv, total_bytes: int, cuda_graph: bool) -> Engine:
+    """The simulated server's load engine for its resolved flags: one scheduler per DP
+    worker, each with its own pool of ``max_total_num_tokens`` and its share of
+    ``max_running_requests`` (SGLang's rule, the lever's value when given)."""
+    return Engine(
+        resolved.max_total_num_tokens,
+        max(1, resolved.max_running_requests_per_worker),
+        workers=resolved.capacity.kv_pools,
+        host_cache_tokens=resolved.host_pool_tokens,
+        decode_graph_max_bs=resolved.decode_graph_max_bs if cuda_graph else None,
+        load=env.load,
+        tokens_per_s=env.tokens_per_s,
+        prefill_batch_tokens=resolved.prefill_batch_tokens,
+        prefill_limit_tokens=prefill_limit_tokens(resolved, total_bytes),
+        prefill_tokens_per_s=env.prefill_tokens_per_s,
+        schedule_conservativeness=resolved.capacity.schedule_conservativeness,
+    )

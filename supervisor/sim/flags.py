@@ -22,6 +22,7 @@ from sglang_supervisor.sglang.schema import FlagSchema, FlagSpec, load_bundled
 from sglang_supervisor.sim.faults import FAULTS_ENV, Faults, parse_faults
 from sglang_supervisor.sim.gpus import DEFAULT_MEMORY_MIB, sim_gpu_uuid
 from sglang_supervisor.sim.load import DECODE_TOKENS_PER_S, LOAD_ENV, LoadSpec, parse_load
+from sglang_supervisor.sim.workload import PREFILL_TOKENS_PER_S
 
 DEFAULT_CONTEXT_LENGTH = 131072
 #: SGLang's /health and /health_generate run a one-token generation and poll for its
@@ -221,6 +222,8 @@ class SimEnv:
     load: LoadSpec | None = None
     #: Decode pace of one real request (tokens per second): how long generations last.
     tokens_per_s: float = DECODE_TOKENS_PER_S
+    #: Prompt tokens per second of a prefill pass.
+    prefill_tokens_per_s: float = PREFILL_TOKENS_PER_S
     #: How long /health and /health_generate take while the server is ready.
     health_s: float = DEFAULT_HEALTH_S
     #: Interval of the SIGTERM drain's checks of the remaining requests.
@@ -258,6 +261,9 @@ class SimEnv:
             faults=parse_faults(env.get(FAULTS_ENV, "")),
             load=parse_load(env.get(LOAD_ENV, "")),
             tokens_per_s=_number(env, "SGLANG_SIM_TOKENS_PER_S", DECODE_TOKENS_PER_S, 0.01),
+            prefill_tokens_per_s=_number(
+                env, "SGLANG_SIM_PREFILL_TOKENS_PER_S", PREFILL_TOKENS_PER_S, 1.0
+            ),
             health_s=_number(env, "SGLANG_SIM_HEALTH_S", DEFAULT_HEALTH_S, 0.0),
             drain_check_s=_number(env, "SGLANG_SIM_DRAIN_CHECK_S", DEFAULT_DRAIN_CHECK_S, 0.01),
             pins=sim_pin_rates(

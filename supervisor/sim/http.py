@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import socket
 import socketserver
-import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
@@ -226,24 +225,27 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(503, generate.error_body(req.kind, message, 503))
             return
         out = Output(req, app.runtime.piece())
-        generated = 0
         try:
             if req.stream:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream; charset=utf-8")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
-            app.engine.wait_admitted(ticket)
-            out.cached_tokens = ticket.cached
-            start = time.monotonic() + app.engine.prefill_s(ticket)
-            _sleep_until(start)
-            for event in out.first_events():
-                self._event(req, event)
-            for i in range(req.max_new_tokens):
-                _sleep_until(start + (i + 1) / app.tokens_per_s)
-                generated = i + 1
+            # Tokens as the engine's decode steps make them (its prefill makes the first).
+            seen, ended = 0, False
+            while not ended:
+                got, ended = app.engine.wait_tokens(ticket, seen)
+                got = min(got, req.max_new_tokens)
+                if seen == 0 and got > 0:
+                    out.cached_tokens = ticket.cached
+                    for event in out.first_events():
+                        self._event(req, event)
                 if req.stream:
-                    self._chunk(sse(out.token_event(i)))
+                    for i in range(seen, got):
+                        self._chunk(sse(out.token_event(i)))
+                seen = max(seen, got)
+            if seen < req.max_new_tokens:
+                raise OSError("aborted by the engine")  # cut, as SGLang's abort would be
             for event in out.last_events():
                 self._event(req, event)
             if req.stream:
@@ -254,7 +256,7 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:  # the client went away (SGLang aborts the request)
             self.close_connection = True
         finally:
-            app.engine.finish(ticket, generated)
+            app.engine.finish(ticket)
 
     def _event(self, req: GenRequest, event: dict[str, Any]) -> None:
         if req.stream:
@@ -263,9 +265,3 @@ class _Handler(BaseHTTPRequestHandler):
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
-
-
-def _sleep_until(deadline: float) -> None:
-    left = deadline - time.monotonic()
-    if left > 0:
-        time.sleep(left)

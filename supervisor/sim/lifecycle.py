@@ -42,7 +42,7 @@ from sglang_supervisor.sim.children import Children, ServerFailure, signal_name
 from sglang_supervisor.sim.flags import ServerConfig, SimEnv, log
 from sglang_supervisor.sim.http import HttpServer
 from sglang_supervisor.sim.kernel_cache import compile_kernels
-from sglang_supervisor.sim.load import LOAD_ENV, Engine
+from sglang_supervisor.sim.load import LOAD_ENV
 from sglang_supervisor.sim.runtime import Runtime
 from sglang_supervisor.sim.start_checks import check_gpus, check_start_faults
 
@@ -97,20 +97,7 @@ class Launcher:
         #: This node's pinned host pool: every rank's (what pinning and unpinning cost).
         per_node = NodeShare.of(cfg.args).ranks_per_node
         self.pinned_bytes = int(self.host_pool_tokens * self.cell_bytes * per_node)
-        # One scheduler per DP worker, each with its own pool of ``tokens`` and its share
-        # of max_running_requests (SGLang's rule, the lever's value when given).
-        graph_bs = self.resolved.decode_graph_max_bs if cfg.cuda_graph else None
-        self.engine = Engine(
-            tokens,
-            max(1, self.resolved.max_running_requests_per_worker),
-            workers=self.resolved.capacity.kv_pools,
-            host_cache_tokens=self.host_pool_tokens,
-            decode_graph_max_bs=graph_bs,
-            load=env.load,
-            tokens_per_s=env.tokens_per_s,
-            prefill_batch_tokens=self.resolved.prefill_batch_tokens,
-            prefill_limit_tokens=capacity.prefill_limit_tokens(self.resolved, total),
-        )
+        self.engine = capacity.engine_for(self.resolved, env, total, cfg.cuda_graph)
         self.max_running_requests = max(1, self.resolved.max_running_requests)
         #: What SGLang changes on a running server (its runtime endpoints).
         self.runtime = Runtime(

@@ -1,13 +1,25 @@
-"""The simulated server's engine: KV-bound admission, a FIFO queue, a prefix cache, and a
-built-in synthetic workload; one scheduler per DP worker.
+"""The simulated server's engine: SGLang's scheduling loop over a KV pool, a FIFO queue, a
+prefix cache and a built-in synthetic workload; one scheduler per DP worker.
 
-Every request — a real ``/generate`` or a synthetic one — needs KV tokens for its prompt
-and its output. It is admitted, first come first served, while fewer than
-``max_running`` requests run and its tokens fit the KV pool (``max_total_num_tokens``);
-otherwise it waits, and so does everything behind it (SGLang's scheduler stops at the
-first request it cannot fit). So running requests, the queue, token usage and throughput
-move the way they do on a KV-bound SGLang: more KV tokens per GPU (a higher
-``mem_fraction_static``, an fp8 KV cache) let more requests run at once.
+Each worker runs SGLang 0.5.23's event loop (``srt/managers/scheduler.py``
+``get_next_batch_to_run``), one forward pass at a time, each decided when the last one
+ends: a **prefill** whenever a request can be admitted, else a **decode** step of the
+running batch. Admission (``srt/managers/schedule_policy.py`` ``PrefillAdder``), first come
+first served: a request joins while fewer than ``max_running`` run and its uncached prompt
+plus its (clipped) output fits what is left of the pool once the running requests'
+outputs to come are kept back at ``new_token_ratio`` (0.7 × ``--schedule-conservativeness``
+at first, decaying each decode step to 0.14 of that); a pass takes at most the chunk
+(``--chunked-prefill-size``) of prompt tokens, a longer prompt being prefilled a chunk
+at a time. A decode step adds one token to every running request; when the pool cannot
+hold the next token the newest requests are **retracted** (freed, back to the queue,
+their output so far prefilled again later) and the ratio re-estimated
+(``srt/managers/schedule_batch.py`` ``retract_decode``). A decode step costs
+``1 / SGLANG_SIM_TOKENS_PER_S`` whatever the batch, more past the captured CUDA graphs
+(``sim.scheduler.Speeds``); a prefill pass costs a fixed 0.5 ms and its tokens at
+``SGLANG_SIM_PREFILL_TOKENS_PER_S``. So throughput, running and queued requests, token usage,
+time to first token and the inter-token latency follow the levers through SGLang's
+mechanics: more KV tokens per GPU let more requests decode at once; a smaller
+``max_running_requests`` or chunk, or more conservative scheduling, cost throughput.
 
 With attention DP (or DP replicas) SGLang runs one scheduler per DP worker, each with its
 own waiting queue, its own KV pool of ``max_total_num_tokens`` tokens, its own radix cache
@@ -18,9 +30,8 @@ disaggregation: ``arg_groups/serving_hook.py:222-234``,
 sums the workers and ``worker_stats()`` gives each one, as each worker's scheduler exports
 its own series.
 
-A prefill forward takes at most ``prefill_batch_tokens`` new tokens (the chunk); when the
-uncached prompt tokens a worker admits in one step (capped at the chunk) exceed
-``prefill_limit_tokens`` — what ``mem_fraction_static`` leaves for activations
+When the prompt tokens one prefill pass takes exceed ``prefill_limit_tokens`` — what
+``mem_fraction_static`` leaves for activations
 (``sglang_supervisor.sim.capacity.prefill_limit_tokens``) — the prefill runs out of memory:
 admission stops and ``prefill_oom`` holds the tokens, for the launcher to crash on.
 
@@ -29,31 +40,34 @@ holds running requests' prompts or shared prefixes and, LRU, what finished ones 
 the free device pool, then the host pool. A hit skips that part of the prefill. The host
 pool raises the hit rate; it never admits more requests (admission counts device tokens).
 
-``SGLANG_SIM_LOAD=rate=R,avg_tokens=T[,out_tokens=O][,seed=S][,max_queue=Q]
-[,prefixes=N][,prefix_share=F]``: requests arrive as a Poisson process at R per second
-(R ≤ 2000) from the server's first ``/health_generate`` 200 (its clients send work only to
-a server seen healthy); each needs ~T KV tokens (uniform in [T/2, 3T/2], deterministic for
-a seed), of which O (default 256, at most half) are
-generated at 100 tokens/s (real requests: at the server's pace,
-``SGLANG_SIM_TOKENS_PER_S``); F (default 0.5) of T is a prefix shared with other
-requests, one of N (default 256) prefixes, Zipf-popular. Arrivals finding Q (default 5000) requests
-waiting are turned away. At SIGTERM the synthetic clients disconnect: their requests are
-aborted at once, while real requests are still accepted and drain. All the bookkeeping runs
-in ``tick()``, which the server calls every 0.1 s: no thread per request.
+``SGLANG_SIM_LOAD`` (``sim.workload``) is an open-loop synthetic load: Poisson arrivals
+whatever the server's speed, from the server's first ``/health_generate`` 200 on (its
+clients send work only to a server seen healthy: ``sim.lifecycle``). Real requests
+(``/generate``...) are submitted by their HTTP thread, which waits for their tokens as
+the decode steps make them. At SIGTERM the synthetic clients disconnect: their requests
+are aborted at once, while real requests are still accepted and drain. All the
+bookkeeping runs under one lock, advanced to the
+present by ``tick()`` (every 0.1 s) and by the HTTP threads waiting for a token.
 """
 
 from __future__ import annotations
 
 import hashlib
-import heapq
 import itertools
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
-from sglang_supervisor.sim.scheduler import EngineStats, GenResult, Ticket, _Worker
+from sglang_supervisor.sim.passes import Passes
+from sglang_supervisor.sim.scheduler import (
+    INIT_NEW_TOKEN_RATIO,
+    EngineStats,
+    GenResult,
+    Speeds,
+    Ticket,
+    _Worker,
+)
 from sglang_supervisor.sim.workload import (
     DECODE_TOKENS_PER_S,
     LOAD_ENV,
@@ -69,12 +83,8 @@ __all__ = ["DECODE_TOKENS_PER_S", "LOAD_ENV", "Engine", "EngineStats", "LoadSpec
 
 
 class Engine:
-    """Admission, queueing, a prefix cache and token accounting (thread-safe), per DP
-    worker (``workers``; ``max_total_num_tokens`` and ``max_running`` are each worker's).
-
-    Real requests are submitted by their HTTP thread, which paces their tokens;
-    synthetic ones live only in this object's heaps and are advanced by ``tick``.
-    """
+    """SGLang's scheduling loop, per DP worker (``workers``; ``max_total_num_tokens`` and
+    ``max_running`` are each worker's), thread-safe."""
 
     def __init__(
         self,
@@ -88,6 +98,8 @@ class Engine:
         tokens_per_s: float = DECODE_TOKENS_PER_S,
         prefill_batch_tokens: int | None = None,
         prefill_limit_tokens: int | None = None,
+        prefill_tokens_per_s: float = PREFILL_TOKENS_PER_S,
+        schedule_conservativeness: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_total_num_tokens = max_total_num_tokens
@@ -97,16 +109,23 @@ class Engine:
         self.load = load
         self.prefill_batch_tokens = prefill_batch_tokens
         self.prefill_limit_tokens = prefill_limit_tokens
-        #: The prefill (tokens) that ran out of activation memory; None while none did.
-        self.prefill_oom: int | None = None
+        self.speeds = Speeds(1.0 / tokens_per_s, decode_graph_max_bs, prefill_tokens_per_s)
+        self._passes = Passes(
+            max_total_num_tokens,
+            self.max_running,
+            self.speeds,
+            prefill_batch_tokens,
+            prefill_limit_tokens,
+            self._lookup,
+        )
         self._clock = clock
         self._cond = threading.Condition()
         self._accepting = True
         self._synthetic_stopped = False
         self.tokens_per_s = tokens_per_s
-        self.workers = [_Worker(self.host_cache_tokens) for _ in range(max(1, workers))]
+        ratio = INIT_NEW_TOKEN_RATIO * schedule_conservativeness
+        self.workers = [_Worker(ratio, self.host_cache_tokens) for _ in range(max(1, workers))]
         self._next_worker = 0
-        self._finishing: list[tuple[float, int, Request]] = []
         self._seq = itertools.count()
         self._real_inflight = 0
         self._turned_away = 0
@@ -129,14 +148,18 @@ class Engine:
             self._synthetic_stopped = True
             aborted = 0
             for w in self.workers:
-                kept = deque(r for r in w.pending if not r.synthetic)
-                aborted += len(w.pending) - len(kept)
-                w.pending = kept
-            for _, _, req in self._finishing:
-                self._release(req)
-                aborted += 1
-            self._finishing.clear()
-            self._admit(self._clock())
+                queued = sum(1 for r in w.pending if r.synthetic)
+                w.pending = type(w.pending)(r for r in w.pending if not r.synthetic)
+                w.requests_total += queued
+                w.aborted_total += queued
+                doomed = [r for r in w.running.values() if r.synthetic]
+                if w.step is not None:
+                    doomed += [r for r, _ in w.step.prefill if r.synthetic and not r.ended]
+                if w.chunked is not None and w.chunked.synthetic and w.chunked not in doomed:
+                    doomed.append(w.chunked)
+                for req in doomed:
+                    self._passes.end(w, req, aborted=True)
+                aborted += queued + len(doomed)
             self._cond.notify_all()
             return aborted
 
@@ -163,15 +186,16 @@ class Engine:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._cond.wait(left)
+                self._cond.wait(min(left, 0.05))
+                self._advance(self._clock())
         return True
 
     # -- requests --
 
     def submit(self, prompt: str, prompt_tokens: int, max_new_tokens: int) -> Ticket | None:
         """Queue one real request (FIFO behind the others on its worker); None when the
-        engine no longer accepts any. The caller waits with ``wait_admitted`` and ends with
-        ``finish``."""
+        engine no longer accepts any. The caller takes its tokens with ``wait_tokens``
+        and ends with ``finish``."""
         key = "p:" + hashlib.blake2b(prompt.encode(), digest_size=16).hexdigest()
         req = Request(
             need=prompt_tokens + max_new_tokens,
@@ -185,32 +209,38 @@ class Engine:
             if not self._accepting:
                 return None
             self._real_inflight += 1
-            req.arrived = self._clock()
+            now = self._clock()
+            self._advance(now)
+            req.arrived = now
             self._dispatch(req)
-            self._admit(self._clock())
+            self._advance(now)
         return req
 
-    def wait_admitted(self, req: Ticket) -> None:
-        """Block until ``req`` runs (every finish and tick re-runs admission)."""
+    def wait_tokens(self, req: Ticket, seen: int, timeout_s: float = 1.0) -> tuple[int, bool]:
+        """Block until ``req`` has more than ``seen`` tokens or has ended (at most
+        ``timeout_s``); returns its tokens so far and whether it ended. The waiting
+        thread advances the engine itself at each step's end, so tokens come when the
+        decode steps make them, not at the next tick."""
+        w = self.workers[req.worker]
+        deadline = self._clock() + timeout_s
         with self._cond:
-            while not req.admitted:
-                self._cond.wait(1.0)
+            while True:
+                now = self._clock()
+                self._advance(now)
+                got = w.generated_by(req)
+                if got > seen or req.ended or now >= deadline:
+                    return got, req.ended
+                step_end = w.step.end if w.step is not None else now + 0.05
+                self._cond.wait(min(max(0.001, step_end - now), deadline - now, 0.1))
 
-    def prefill_s(self, req: Ticket) -> float:
-        """Time to the first token of an admitted request (its uncached prompt)."""
-        return (req.prompt_tokens - req.cached) / PREFILL_TOKENS_PER_S
-
-    def finish(self, req: Ticket, generated: int) -> None:
-        """``req`` ended (done, or its client went away) after ``generated`` tokens."""
+    def finish(self, req: Ticket, generated: int | None = None) -> None:
+        """``req``'s client is done with it (its answer sent, or it went away): a request
+        still in the engine is aborted, as SGLang aborts a disconnected request."""
         with self._cond:
-            w = self.workers[req.worker]
-            if req.admitted:
-                self._release(req)
-            else:
-                w.pending.remove(req)
-            w.gen_total += generated
+            if not req.ended:
+                self._passes.end(self.workers[req.worker], req, aborted=True)
             self._real_inflight -= 1
-            self._admit(self._clock())
+            self._advance(self._clock())
             self._cond.notify_all()
 
     def generate(self, prompt: str, prompt_tokens: int, max_new_tokens: int) -> GenResult | None:
@@ -220,35 +250,31 @@ class Engine:
         if req is None:
             return None
         try:
-            self.wait_admitted(req)
-            time.sleep(self.prefill_s(req) + max_new_tokens / self.tokens_per_s)
+            got, ended = 0, False
+            while not ended:
+                got, ended = self.wait_tokens(req, got)
         finally:
-            self.finish(req, max_new_tokens)
-        return GenResult(prompt_tokens, max_new_tokens, req.cached, self._clock() - start)
+            self.finish(req)
+        return GenResult(prompt_tokens, got, req.cached, self._clock() - start)
 
     def tick(self, now: float | None = None) -> None:
-        """Synthetic arrivals and completions up to ``now``, then admission."""
+        """Synthetic arrivals up to ``now``, then every worker's passes up to ``now``."""
         now = self._clock() if now is None else now
         with self._cond:
             if self.load is not None and self._accepting and not self._synthetic_stopped:
                 self._arrivals(now)
-            while self._finishing and self._finishing[0][0] <= now:
-                _, _, req = heapq.heappop(self._finishing)
-                self._release(req)
-                self.workers[req.worker].gen_total += req.out_tokens
-            self._admit(now)
+            self._advance(now)
 
     def stats(self) -> EngineStats:
         """The whole server: the workers' figures summed (token usage over all pools)."""
         parts = self.worker_stats()
-        running = sum(p.running for p in parts)
         used = sum(p.tokens for p in parts)
         cap = self.max_total_num_tokens * len(parts)
         with self._cond:
             prompt = sum(p for w in self.workers for p, _ in w.window)
             cached = sum(c for w in self.workers for _, c in w.window)
         return EngineStats(
-            running=running,
+            running=sum(p.running for p in parts),
             queued=sum(p.queued for p in parts),
             tokens=used,
             token_usage=min(1.0, used / cap) if cap else 0.0,
@@ -267,6 +293,12 @@ class Engine:
             load_back_tokens_total=sum(p.load_back_tokens_total for p in parts),
             host_used_tokens=sum(p.host_used_tokens for p in parts),
             host_total_tokens=sum(p.host_total_tokens for p in parts),
+            itl_sum_s=sum(p.itl_sum_s for p in parts),
+            itl_count=sum(p.itl_count for p in parts),
+            requests_total=sum(p.requests_total for p in parts) + self._turned_away,
+            aborted_total=sum(p.aborted_total for p in parts) + self._turned_away,
+            retracted_total=sum(p.retracted_total for p in parts),
+            new_token_ratio=max(p.new_token_ratio for p in parts),
         )
 
     def worker_stats(self) -> list[EngineStats]:
@@ -274,20 +306,29 @@ class Engine:
         with self._cond:
             return [self._worker_stats(w) for w in self.workers]
 
+    @property
+    def prefill_oom(self) -> int | None:
+        """The prefill (tokens) that ran out of activation memory; None while none did."""
+        return self._passes.prefill_oom
+
     # -- internals (the lock is held) --
+
+    def _advance(self, now: float) -> None:
+        if self._passes.advance(self.workers, now):
+            self._cond.notify_all()
 
     def _worker_stats(self, w: _Worker) -> EngineStats:
         cap = self.max_total_num_tokens
         prompt = sum(p for p, _ in w.window)
         cached = sum(c for _, c in w.window)
-        graph = self.decode_graph_max_bs is not None and w.running <= self.decode_graph_max_bs
+        graph = self.decode_graph_max_bs is not None and len(w.running) <= self.decode_graph_max_bs
+        used = w.used
         return EngineStats(
-            running=w.running,
+            running=w.running_count,
             queued=len(w.pending),
-            tokens=w.used,
-            token_usage=min(1.0, w.used / cap) if cap else 0.0,
-            gen_throughput=(w.running - w.real_running) * DECODE_TOKENS_PER_S
-            + w.real_running * self.tokens_per_s,
+            tokens=used,
+            token_usage=min(1.0, used / cap) if cap else 0.0,
+            gen_throughput=0.0 if w.clock is None else w.gen_throughput(w.clock),
             cache_hit_rate=cached / prompt if prompt else 0.0,
             generation_tokens_total=w.gen_total,
             prompt_tokens_total=w.prompt_total,
@@ -302,10 +343,17 @@ class Engine:
             load_back_tokens_total=w.cache.load_back_total,
             host_used_tokens=w.cache.host_used,
             host_total_tokens=w.cache.host_tokens,
+            itl_sum_s=w.itl_sum_s,
+            itl_count=w.itl_count,
+            requests_total=w.requests_total,
+            aborted_total=w.aborted_total,
+            retracted_total=w.retracted_total,
+            new_token_ratio=w.new_token_ratio,
         )
 
     def _dispatch(self, req: Request) -> None:
         """Round robin over the DP workers, as SGLang's DP controller does."""
+        req.seq = next(self._seq)
         req.worker = self._next_worker
         self._next_worker = (self._next_worker + 1) % len(self.workers)
         self.workers[req.worker].pending.append(req)
@@ -327,60 +375,6 @@ class Engine:
             req.arrived = arrived
             self._dispatch(req)
 
-    def _admit(self, now: float) -> None:
-        """Per worker, first come first served, while a slot is free and the head's
-        tokens fit; the step's prefill must fit the activation memory."""
-        woke = False
-        for w in self.workers:
-            if self.prefill_oom is not None:
-                break
-            prefill = 0
-            while w.pending:
-                req = w.pending[0]
-                if w.running >= self.max_running:
-                    break
-                if w.running > 0 and w.used + req.need > self.max_total_num_tokens:
-                    break
-                new = req.prompt_tokens - (req.prefix_tokens if w.hit(req) else 0)
-                prefill += new
-                batch = prefill
-                if self.prefill_batch_tokens is not None:
-                    batch = min(batch, self.prefill_batch_tokens)
-                if self.prefill_limit_tokens is not None and batch > self.prefill_limit_tokens:
-                    self.prefill_oom = batch
-                    break
-                w.pending.popleft()
-                w.running += 1
-                w.real_running += 0 if req.synthetic else 1
-                w.used += req.need
-                req.cached = self._lookup(w, req)
-                req.admitted = True
-                w.prompt_total += req.prompt_tokens
-                w.window.append((req.prompt_tokens, req.cached))
-                # Time to first token: the wait in the queue, then the uncached prefill.
-                w.ttft_sum_s += max(0.0, now - req.arrived) + self.prefill_s(req)
-                w.ttft_count += 1
-                if req.synthetic:
-                    end = now + self._duration(req)
-                    heapq.heappush(self._finishing, (end, next(self._seq), req))
-                else:
-                    woke = True
-        if woke:
-            self._cond.notify_all()
-
-    def _release(self, req: Request) -> None:
-        w = self.workers[req.worker]
-        w.running -= 1
-        w.real_running -= 0 if req.synthetic else 1
-        w.used -= req.need
-        w.running_keys[req.key] -= 1
-        if w.running_keys[req.key] <= 0:
-            del w.running_keys[req.key]
-        # Its own KV stays in the radix tree, evictable: never reused, it only takes room.
-        rest = req.need - req.prefix_tokens
-        if rest > 0:
-            w.cache.insert(f"u:{next(self._seq)}", rest, self.max_total_num_tokens - w.used)
-
     def _lookup(self, w: _Worker, req: Request) -> int:
         """Cached prompt tokens of ``req``; then mark its key in use and remember it (LRU:
         the worker's free device pool, then the host pool)."""
@@ -392,9 +386,3 @@ class Engine:
             return 0
         w.cache.served(source, req.prefix_tokens)
         return req.prefix_tokens
-
-    @staticmethod
-    def _duration(req: Request) -> float:
-        """A synthetic request's lifetime (real ones are paced by their HTTP thread)."""
-        prefill = (req.prompt_tokens - req.cached) / PREFILL_TOKENS_PER_S
-        return prefill + req.out_tokens / DECODE_TOKENS_PER_S

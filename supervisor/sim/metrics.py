@@ -65,6 +65,7 @@ class SglangMetrics(Collector):
                 "sglang:kv_evictable_tokens",
                 "Number of evictable (radix-cached) token slots in the KV cache pool.",
             ),
+            ("sglang:new_token_ratio", "The new token ratio."),
         ]
         hicache = self._engine.host_cache_tokens > 0
         if hicache:  # only with the hierarchical cache (metrics_collector.py:767-779)
@@ -101,10 +102,20 @@ class SglangMetrics(Collector):
                     if hicache
                     else ()
                 ),
+                ("sglang:new_token_ratio", w.new_token_ratio),
             ):
                 gauges[name].add_metric(values, value)
         yield from gauges.values()
         yield from self._radix_cache(parts, attn_tp)
+        retracted = CounterMetricFamily(
+            "sglang:num_retracted_requests", "Total number of retracted requests.", labels=labels
+        )
+        for worker, w in enumerate(parts):
+            values = [self._model, "unified", str(worker * attn_tp), "0", "0"]
+            retracted.add_metric(
+                values + ([str(worker)] if len(parts) > 1 else []), w.retracted_total
+            )
+        yield retracted
         s = self._engine.stats()
         counters: list[tuple[str, str, float]] = [
             ("sglang:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total),
@@ -130,6 +141,22 @@ class SglangMetrics(Collector):
             if value > 0:  # SGLang reports a source once it served tokens (:2118-2124)
                 cached.add_metric([self._model, "unified", source], value)
         yield cached
+        # Every request that ended, finished or aborted (metrics_collector.py:1941, with
+        # ``is_streaming``; ``observe_one_finished_request`` counts aborted ones too).
+        n = CounterMetricFamily(
+            "sglang:num_requests",
+            "Number of requests processed.",
+            labels=[*TOKENIZER_LABELS, "is_streaming"],
+        )
+        n.add_metric([self._model, "unified", "false"], s.requests_total)
+        yield n
+        aborted = CounterMetricFamily(
+            "sglang:num_aborted_requests",
+            "Number of requests aborted.",
+            labels=list(TOKENIZER_LABELS),
+        )
+        aborted.add_metric([self._model, "unified"], s.aborted_total)
+        yield aborted
         # SGLang's TTFT histogram (metrics_collector.py:2040, with ``is_streaming``): the
         # simulation keeps the sum and the count, so only the +Inf bucket is exported.
         h = HistogramMetricFamily(
@@ -141,6 +168,15 @@ class SglangMetrics(Collector):
             [self._model, "unified", "false"], [("+Inf", s.ttft_count)], sum_value=s.ttft_sum_s
         )
         yield h
+        # The inter-token latency (metrics_collector.py:2050): one observation per token
+        # after a request's first, its interval since the one before.
+        itl = HistogramMetricFamily(
+            "sglang:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            labels=list(TOKENIZER_LABELS),
+        )
+        itl.add_metric([self._model, "unified"], [("+Inf", s.itl_count)], sum_value=s.itl_sum_s)
+        yield itl
 
     def _radix_cache(self, parts: list[EngineStats], attn_tp: int) -> Iterator[Metric]:
         """Each rank's radix-cache counters: its DP worker's tree, the same count on every

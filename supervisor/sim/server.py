@@ -15,7 +15,7 @@ Environment:
   model load), ``SGLANG_SIM_FAULTS`` (see ``sglang_supervisor.sim.faults``). Memory runs out where
   SGLang's does (``sglang_supervisor.sim.capacity``): at CUDA-graph capture, or on the first
   prefill that needs more activation memory than ``--mem-fraction-static`` leaves.
-* ``SGLANG_SIM_LOAD`` — a synthetic workload bounded by the KV pool (see
+* ``SGLANG_SIM_LOAD`` — a synthetic workload, scheduled as SGLang schedules (see
   ``sglang_supervisor.sim.load``).
 * ``SGLANG_SIM_MODEL_CONFIG`` — a config.json for the served model when ``--model-path``
   is not a local model directory (see ``sglang_supervisor.sim.capacity``).
@@ -24,8 +24,10 @@ The KV pool (``max_total_num_tokens``) is sized by ``sglang_supervisor.planner``
 as ``POST /plan`` — including SGLang's own default ``mem_fraction_static`` when the flag
 is unset.
 
-* ``SGLANG_SIM_TOKENS_PER_S`` (100) — decode pace of each real request, so generations
-  last as long as a real server's; ``SGLANG_SIM_HEALTH_S`` (1.0) — how long
+* ``SGLANG_SIM_TOKENS_PER_S`` (100) — decode steps per second (one token for every
+  running request each step), so generations last as long as a real server's;
+  ``SGLANG_SIM_PREFILL_TOKENS_PER_S`` (2,000,000) — prompt tokens per second of a prefill
+  pass; ``SGLANG_SIM_HEALTH_S`` (1.0) — how long
   /health_generate takes (a one-token generation SGLang polls once a second);
   ``SGLANG_SIM_DRAIN_CHECK_S`` (5.0) — the SIGTERM watchdog's interval.
 

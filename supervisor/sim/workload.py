@@ -9,9 +9,12 @@ from dataclasses import dataclass
 from sglang_supervisor.sim import envlist
 
 LOAD_ENV = "SGLANG_SIM_LOAD"
-#: Simulated speeds: decode tokens/s of one request, prefill tokens/s.
+#: Simulated speeds (``SGLANG_SIM_TOKENS_PER_S``, ``SGLANG_SIM_PREFILL_TOKENS_PER_S``):
+#: decode tokens/s of one request in a small batch, and prompt tokens/s of a prefill
+#: pass. The prefill default is faster than a 70B model on 8 H200s (~20,000 tokens/s), so
+#: that a KV-bound load fills the pool in seconds, not minutes.
 DECODE_TOKENS_PER_S = 100.0
-PREFILL_TOKENS_PER_S = 20000.0
+PREFILL_TOKENS_PER_S = 2_000_000.0
 MAX_RATE = 2000.0
 #: Admissions the cache hit rate is averaged over (SGLang's gauge is recent, not lifetime).
 HIT_RATE_WINDOW = 256
@@ -97,10 +100,29 @@ class Request:
     prefix_tokens: int
     synthetic: bool
     worker: int = 0
+    #: Taken into a prefill batch at least once.
     admitted: bool = False
     cached: int = 0
     #: When it arrived (the engine's clock): its time to first token counts from here.
     arrived: float = 0.0
+    #: Its place in arrival order (the decode batch keeps it).
+    seq: int = 0
+    #: While decoding: the worker's decode step count when it had no token yet.
+    s0: int | None = None
+    #: Tokens generated before it left the decode batch (a retraction; or at its end).
+    done_out: int = 0
+    #: Prompt tokens in the KV pool while it is being prefilled (a chunk at a time).
+    in_kv: int = 0
+    #: Its prefix key counts as in use (it sits in a batch: prefilling or decoding).
+    keyed: bool = False
+    #: It has ended (finished, aborted): its KV is free.
+    ended: bool = False
+
+    @property
+    def fill(self) -> int:
+        """Tokens a prefill must put in the KV pool: the prompt, and after a retraction
+        the output so far (SGLang prefills ``origin_input_ids + output_ids`` again)."""
+        return self.prompt_tokens + self.done_out
 
 
 def synthetic(load: LoadSpec, rng: random.Random, prefix_cum: list[float]) -> Request:

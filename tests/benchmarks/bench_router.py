@@ -81,6 +81,8 @@ class Scenario:
     startup_s: float = 2.0
     #: False: no router; the clients stream straight to the one server.
     router: bool = True
+    #: ``[router] drain_timeout_s`` of the daemons.
+    drain_s: float = 60.0
 
 
 @dataclass
@@ -99,7 +101,7 @@ class ScenarioResult:
 def _daemon(tmp: Path, k: int, router_url: str | None, s: Scenario) -> Daemon:
     extra: dict[str, Any] = {}
     if router_url:
-        extra["router"] = {"url": router_url, "drain_timeout_s": 60.0, "drain_poll_s": 0.25}
+        extra["router"] = {"url": router_url, "drain_timeout_s": s.drain_s, "drain_poll_s": 0.25}
     home = tmp / f"replica{k}"
     home.mkdir()
     d = Daemon(

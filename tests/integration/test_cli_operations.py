@@ -42,7 +42,7 @@ def test_list_show_and_follow(daemon: Daemon) -> None:
     listed = cli(d, "operations")
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
-    assert lines[0].split() == ["id", "kind", "outcome", "started", "took", "levers"]
+    assert lines[0].split() == ["id", "kind", "outcome", "started", "took", "effect", "levers"]
     newest, older = lines[1], lines[2]
     assert newest.startswith(bad["id"]) and " rolled_back " in newest
     assert newest.endswith("mem_fraction_static 0.8 -> 0.99"), newest

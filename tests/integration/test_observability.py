@@ -56,7 +56,9 @@ def test_metrics_after_an_apply(daemon_factory: type[Daemon]) -> None:
         if name == PREFIX + "build_info":  # one series: the version is its whole point
             assert set(dict(labels)) == {"version", "python_version"}
             continue
-        assert set(dict(labels)) <= {"state", "gpu", "kind", "outcome", "phase", "reason", "le"}
+        # The effect's verdict (9 values) and window (before, after): bounded too.
+        allowed = {"state", "gpu", "kind", "outcome", "phase", "reason", "le", "verdict", "window"}
+        assert set(dict(labels)) <= allowed
 
 
 def test_rollback_counts_and_logs_show_the_oom(daemon_factory: type[Daemon]) -> None:

@@ -154,6 +154,15 @@ def test_status_page_through_an_apply_and_a_rollback(
             "!!document.querySelector('#spark-throughput polyline')", 30, "a throughput sparkline"
         )
         p.wait("document.getElementById('v-throughput').innerText !== '0'", 30, "throughput")
+        # Every chart marks the apply (where it began, a band while it ran, in its
+        # outcome's colour), and its row shows its measured effect (being measured).
+        ops = d.client.get("/operations", params={"limit": 5}).json()["operations"]
+        applied = next(o["id"] for o in ops if o["kind"] == "apply" and not o["dry_run"])
+        for chart in ("running", "queue", "ttft", "hit", "throughput", "kv"):
+            mark = f"#spark-{chart} g.marker.m-succeeded[data-op='{applied}']"
+            p.wait(f'!!document.querySelector("{mark}")', 15, f"the apply marked on {chart}")
+        effect = p.text(f"#operations tr[data-op='{applied}'] td.effect")
+        assert effect.startswith("measuring ("), effect
         p.screenshot(shots / "status-page-apply.png")
 
         # A change that fails at start (CUDA-graph capture OOM): rolled back, last-good serving.

@@ -45,6 +45,9 @@ def test_what_could_block_is_refused_at_once_and_named(tmp_path: Path) -> None:
     link = tmp_path / "link.toml"  # a ConfigMap is links: they are followed
     link.symlink_to(good)
     assert read_regular(link, "config").text() == "x = 1\n"
+    # /dev/null is the usual "no file" (the CLI passes it for an unreadable system
+    # config): empty, never blocking, read as empty where /dev/zero is refused.
+    assert read_regular(os.devnull, "config").text() == ""
     with pytest.raises(FileNotFoundError):
         read_regular(tmp_path / "missing", "config")
 

@@ -19,6 +19,14 @@ from sglang_supervisor.sim.load import Engine, LoadSpec, parse_load
 H200 = 143771 * 2**20
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def run(engine: Engine, seconds: float, step: float = 0.1, start: float = 0.0) -> float:
     """Tick ``engine`` every ``step`` fake seconds; returns the end time."""
     t = start
@@ -67,7 +75,10 @@ def test_kv_bounds_running_and_the_rest_queue() -> None:
     assert 60 <= s.running <= 110
     assert s.tokens <= tokens and s.token_usage > 0.9
     assert s.queued > 50
-    assert s.gen_throughput == s.running * 100
+    # Each decode step gives every running request a token (10 ms a step); the prefill
+    # passes between them, and the retractions a full pool forces, take the rest.
+    assert 0.3 * s.running * 100 < s.gen_throughput < s.running * 100
+    assert s.retracted_total > 0
     assert s.generation_tokens_total > 0 and s.prompt_tokens_total > 0
 
 
@@ -195,10 +206,12 @@ def test_dp_workers_each_have_their_own_pool_and_share_of_requests() -> None:
 
 
 def test_a_prefill_over_the_activation_limit_stops_admission() -> None:
-    e = Engine(100_000, 8, prefill_batch_tokens=8192, prefill_limit_tokens=900)
+    clock = FakeClock()
+    e = Engine(100_000, 8, prefill_batch_tokens=8192, prefill_limit_tokens=900, clock=clock)
     r = e.submit("short", 800, 1)
     assert r is not None and r.admitted and e.prefill_oom is None
-    e.finish(r, 1)
+    clock.now += 1.0
+    e.finish(r)
     big = e.submit("long", 2000, 1)
     assert big is not None and not big.admitted and e.prefill_oom == 2000
     # A prompt longer than the chunk prefills a chunk at a time.
@@ -229,11 +242,12 @@ def test_live_average_over_dp_workers_reads_every_pool() -> None:
         kv_pools=4,
     )
     assert live.avg_tokens() == round(s.tokens / 12)
-    # Without the used tokens: the fullest pool's usage × the 4 pools, within a third.
+    # Without the used tokens: the fullest pool's usage × the 4 pools, an over-estimate
+    # (the pools hold what admission let in, unevenly), within a half.
     rough = LiveLoad(
         running_requests=12,
         token_usage=t.token_usage,
         max_total_num_tokens=e.max_total_num_tokens,
         kv_pools=4,
     ).avg_tokens()
-    assert rough is not None and abs(rough - s.tokens / 12) < s.tokens / 12 / 3
+    assert rough is not None and s.tokens / 12 <= rough < 1.5 * s.tokens / 12
