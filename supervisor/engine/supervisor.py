@@ -31,7 +31,7 @@ from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.engine.view import MembersCache, SupervisorView, gpu_status, snapshot
 from sglang_supervisor.engine.watch import Watcher
 from sglang_supervisor.host.backend import Backend, ProcessOps
-from sglang_supervisor.host.gpu import GpuSample
+from sglang_supervisor.host.gpu import GpuQueryError, GpuSample
 from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.observe.health import HealthChecker
 from sglang_supervisor.observe.history import LoadHistory
@@ -214,7 +214,8 @@ class Supervisor(SupervisorReads):
         finally:
             await self.health.aclose()
             await self.router.aclose()
-            self.probe.close()
+            # The slurm launcher's probe ends its per-node presence step (seconds at most).
+            await asyncio.to_thread(self.probe.close)
             # SGLang's warm resolution helpers (server.python): nothing of ours outlives
             # the daemon, not even for the seconds a helper takes to notice EOF.
             await asyncio.to_thread(default_resolver().close)
@@ -357,8 +358,15 @@ class Supervisor(SupervisorReads):
         return plan_inputs(self.parts, self.record, self.view())
 
     def sample_gpus(self) -> list[GpuSample]:
-        """The managed GPUs now (blocking: call it from a worker thread).
+        """The managed GPUs now (blocking: call it from a worker thread); under a probe
+        across Slurm nodes, each node's last sample (a scrape never waits on a node).
         Raises ``GpuQueryError``."""
+        recent = getattr(self.parts.probe, "recent", None)
+        if recent is not None:
+            got = recent(self.record.gpu_indices())
+            if got.errors:
+                raise GpuQueryError("; ".join(sorted(set(got.errors.values()))))
+            return list(got.samples)
         return self.parts.probe.sample(self.record.gpu_indices())
 
     async def gpu_status(self) -> list[dict[str, Any]]:

@@ -116,6 +116,8 @@ class SupervisorView:
     history: tuple[Sample, ...] = ()
     #: The config's levers, the desired state (``engine/desired.py``: drift, reconcile).
     desired: DesiredView | None = None
+    #: The slurm launcher's own status (``SlurmProcessOps.status_json``); None elsewhere.
+    slurm: Mapping[str, Any] | None = None
 
     @property
     def gpu_indices(self) -> list[int]:
@@ -160,6 +162,8 @@ class SupervisorView:
             if self.last_drain_s is None
             else {"duration_s": round(self.last_drain_s, 3), "requests_left": self.last_drain_left},
             "probation": None if self.probation is None else dict(self.probation),
+            # The allocation, the per-node presence and the steps it made (docs/slurm.md).
+            **({"slurm": dict(self.slurm)} if self.slurm is not None else {}),
             # drift (config vs serving) and levers_config: engine/desired.py
             **(
                 {}
@@ -185,6 +189,8 @@ def nodes_of(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
         node["gpus"].append(g["index"])
         for key in ("memory_used_bytes", "memory_total_bytes"):
             node[key] += g.get(key) or 0
+        if "sample_age_s" in g:  # the node's last sample (supervisor/slurm/probe.py)
+            node["sample_age_s"] = max(node.get("sample_age_s", 0.0), g["sample_age_s"])
     return list(nodes.values())
 
 
@@ -246,6 +252,9 @@ def snapshot(parts: Parts, record: ReadRecord, ops: OperationRegistry) -> Superv
         diagnosis=parts.diagnoser.current,
         history=parts.history.samples,
         desired=parts.desired.view(),
+        slurm=None
+        if (launcher := getattr(parts.procs, "status_json", None)) is None
+        else launcher(),
     )
 
 
@@ -283,25 +292,42 @@ async def gpu_status(
     parts: Parts, record: ReadRecord, members_cache: MembersCache
 ) -> list[dict[str, Any]]:
     """``/status``'s ``gpus``: memory, baseline and processes (ours or not) per GPU."""
-    try:
-        samples = await asyncio.to_thread(parts.probe.sample, record.gpu_indices())
-        members = await members_cache.get(parts, record)
-    except GpuQueryError as exc:
-        return [{"index": g.index, "uuid": g.uuid, "error": str(exc)} for g in record.managed]
-    return [
-        {
-            "index": s.index,
-            "uuid": s.uuid,
-            "name": s.name,
-            "memory_used_bytes": s.memory_used_bytes,
-            "memory_total_bytes": s.memory_total_bytes,
-            "baseline_bytes": record.baseline.get(s.index),
-            "processes": [
-                {"pid": p.pid, "used_bytes": p.used_bytes, "member": p.pid in members}
-                for p in s.processes
-            ],
-            # The Slurm node of a server spanning hosts (supervisor/slurm/probe.py).
-            **({"node": s.node} if s.node else {}),
-        }
+    errors: Mapping[int, str] = {}
+    recent = getattr(parts.probe, "recent", None)
+    if recent is not None:
+        # A probe across Slurm nodes answers from each node's last sample, with its age:
+        # /status never waits on a node (supervisor/slurm/probe.py).
+        got = recent(record.gpu_indices())
+        samples, members, errors = got.samples, got.members, got.errors
+    else:
+        try:
+            samples = await asyncio.to_thread(parts.probe.sample, record.gpu_indices())
+            members = await members_cache.get(parts, record)
+        except GpuQueryError as exc:
+            return [{"index": g.index, "uuid": g.uuid, "error": str(exc)} for g in record.managed]
+    uuids = {g.index: g.uuid for g in record.managed}
+    entries: dict[int, dict[str, Any]] = {
+        i: {"index": i, "uuid": uuids.get(i), "error": why} for i, why in errors.items()
+    }
+    entries.update(
+        (
+            s.index,
+            {
+                "index": s.index,
+                "uuid": s.uuid,
+                "name": s.name,
+                "memory_used_bytes": s.memory_used_bytes,
+                "memory_total_bytes": s.memory_total_bytes,
+                "baseline_bytes": record.baseline.get(s.index),
+                "processes": [
+                    {"pid": p.pid, "used_bytes": p.used_bytes, "member": p.pid in members}
+                    for p in s.processes
+                ],
+                # The Slurm node of a server spanning hosts (supervisor/slurm/probe.py).
+                **({"node": s.node} if s.node else {}),
+                **({"sample_age_s": round(s.age_s, 3)} if s.age_s is not None else {}),
+            },
+        )
         for s in samples
-    ]
+    )
+    return [entries[i] for i in record.gpu_indices() if i in entries]

@@ -8,8 +8,8 @@ Prints one JSON line about this node (``SLURMD_NODENAME``):
   ``gpu_error`` instead when the query failed (never read as "free");
 * ``members``: the pids carrying our launch tag (``--tag`` exactly, or ``--tag-prefix``,
   less ``--exclude-tag``);
-* with ``--signal-leader SIG``, on the probe's first node only (the server step's node 0):
-  the pids of the step's task there (tagged ``--tag``, child of ``slurmstepd``: the
+* with ``--signal-leader SIG``, on the request's first node only (the server step's node
+  0): the pids of the step's task there (tagged ``--tag``, child of ``slurmstepd``: the
   server's launcher, which ``sglang_supervisor.slurm.task`` execs) that got ``SIG``, under
   ``signalled``;
 * with ``--port-holders PORT``: the pids listening on that TCP port, under
@@ -17,7 +17,9 @@ Prints one JSON line about this node (``SLURMD_NODENAME``):
 * with ``--sweep``: every member of this node SIGKILLed (no grace: only processes left
   behind by an ended step are swept) and waited for, under ``sweep``.
 
-Exit 0 whenever it could answer; the caller reads the answer.
+Run by itself it prints one answer and exits 0 whenever it could answer (a tool for an
+operator); the daemon asks the same questions of every node through the presence's
+long-lived task (``sglang_supervisor.slurm.agent``), which answers with ``answer``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from sglang_supervisor.host.gpu import GpuProbe, GpuQueryError
 from sglang_supervisor.host.process import find_members
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
+    """The options of one question (the same for a request to the agent)."""
     p = argparse.ArgumentParser(prog="python -m sglang_supervisor.slurm.nodeprobe")
     p.add_argument("--sim-registry", help="base directory of the simulated GPUs' registry")
     p.add_argument("--sim-gpus", type=int, default=8)
@@ -151,13 +154,21 @@ def port_holders(port: int) -> list[int]:
     )
 
 
-def answer(ns: argparse.Namespace) -> dict[str, Any]:
+def answer(
+    ns: argparse.Namespace, probe: GpuProbe | None = None, *, first: bool | None = None
+) -> dict[str, Any]:
+    """This node's answer to ``ns``. ``probe``: the GPU probe to use (the agent keeps one
+    open for its life), else one opened and closed here; ``first``: whether this node is
+    the request's first (the server step's node 0, the one ``--signal-leader`` signals),
+    else Slurm's node id of this task says."""
+    if first is None:
+        first = os.environ.get("SLURM_NODEID", "0") == "0"
     out: dict[str, Any] = {"node": node_name()}
     tags = {"tag": ns.tag, "tag_prefix": ns.tag_prefix, "exclude_tag": ns.exclude_tag}
     if ns.tag or ns.tag_prefix:  # before any signal: the members as they were
         out["members"] = node_members(**tags)
-    # Only the probe's first task signals: its node is the server step's node 0.
-    if ns.signal_leader and ns.tag and os.environ.get("SLURM_NODEID", "0") == "0":
+    # Only the request's first node signals: the server step's node 0.
+    if ns.signal_leader and ns.tag and first:
         sig = signal.Signals["SIG" + ns.signal_leader]
         sent = []
         for pid in step_tasks(ns.tag):
@@ -172,18 +183,20 @@ def answer(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.port_holders:
         out["port_holders"] = port_holders(ns.port_holders)
     if not ns.no_gpus:
-        probe = gpu_probe(ns)
+        own = probe is None
+        use = gpu_probe(ns) if probe is None else probe
         try:
-            out["gpus"] = gpus_json(probe)
+            out["gpus"] = gpus_json(use)
         except GpuQueryError as exc:
             out["gpu_error"] = str(exc)
         finally:
-            probe.close()
+            if own:
+                use.close()
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    ns = parser().parse_args(argv)
     print(json.dumps(answer(ns), separators=(",", ":")), flush=True)
     return 0
 

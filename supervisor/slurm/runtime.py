@@ -1,14 +1,15 @@
-"""Wiring the slurm launcher: the allocation, the per-node probe, the merged GPU probe."""
+"""Wiring the slurm launcher: the allocation, the per-node presence, the merged GPU probe."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_supervisor.config import Settings
+from sglang_supervisor.config import Settings, instance_tag_prefix
 from sglang_supervisor.host.backend import Backend
 from sglang_supervisor.slurm.allocation import require_allocation
 from sglang_supervisor.slurm.launcher import SlurmProcessOps
-from sglang_supervisor.slurm.probe import NodeRunner, SlurmGpuProbe
+from sglang_supervisor.slurm.presence import Presence
+from sglang_supervisor.slurm.probe import SlurmGpuProbe
 
 
 def slurm_backend(
@@ -33,7 +34,13 @@ def slurm_backend(
             "--sim-baseline-mib",
             str(sim.baseline_mib),
         )
-    runner = NodeRunner(settings.slurm, allocation.job_id, allocation.nodes, probe_args)
-    backend.probe = SlurmGpuProbe(runner, backend.probe.kind)
-    procs = SlurmProcessOps(settings.slurm, allocation, runner, cwd=cwd)
+    presence = Presence(
+        settings.slurm,
+        allocation.job_id,
+        allocation.nodes,
+        probe_args,
+        tag_prefix=instance_tag_prefix(settings),
+    )
+    backend.probe = SlurmGpuProbe(presence, backend.probe.kind)
+    procs = SlurmProcessOps(settings.slurm, allocation, presence, cwd=cwd)
     return backend, procs

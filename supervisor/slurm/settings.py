@@ -33,8 +33,15 @@ class SlurmSettings(BaseModel):
     #: Extra options of the per-node probes' ``srun --overlap``: where cgroups hide the
     #: GPUs from a step without them (``ConstrainDevices``), e.g. ``["--gres=gpu:8"]``.
     probe_args: list[str] = Field(default_factory=list)
-    #: How long one per-node probe or sweep (``srun --overlap``) may take.
-    probe_timeout_s: float = Field(30.0, gt=0)
+    #: How long one question to the nodes (through the per-node presence) may take: less
+    #: than a Prometheus scrape's 10 s, so a sick node holds nothing up for longer.
+    probe_timeout_s: float = Field(5.0, gt=0)
+    #: How often each node's presence samples its GPUs, RAM and our processes: what
+    #: ``/status`` and ``/metrics`` show (with its age), never waiting on a node.
+    sample_interval_s: float = Field(1.0, gt=0, le=60)
+    #: A node of the server's step whose processes are stopped, in D state or gone this
+    #: long is stuck: the whole group is recovered, naming the node.
+    stuck_after_s: float = Field(10.0, gt=0)
 
 
 #: The levers the slurm launcher owns, and why.

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from sglang_supervisor.sim.gpus import sim_gpu_uuid
+from sglang_supervisor.slurm.presence import PRESENCE_NAME
 from tests.helpers import Daemon, free_port, tagged_processes, wait_until
 from tests.slurmkit import SlurmCluster
 
@@ -32,14 +33,21 @@ def slurm_daemon(
     gpus: int = 2,
     timeouts: dict[str, Any] | None = None,
     sim: dict[str, Any] | None = None,
+    slurm: dict[str, Any] | None = None,
 ) -> Daemon:
+    # Short waits on the nodes: a sample every 0.5 s, a question answered within 3 s, a
+    # node stuck after 2 s (the shipped defaults are 1 s, 5 s, 10 s).
+    fast = {"sample_interval_s": 0.5, "probe_timeout_s": 3.0, "stuck_after_s": 2.0}
     d = Daemon(
         tmp,
         gpus=gpus,
         sim=sim,
         levers={"model_path": "sim/llama", "mem_fraction_static": 0.85, **levers},
         timeouts={"ready_timeout_s": 60.0, "release_timeout_s": 30.0, **(timeouts or {})},
-        extra={"server": {"launcher": "slurm"}, "slurm": {"dist_init_port": free_port()}},
+        extra={
+            "server": {"launcher": "slurm"},
+            "slurm": {"dist_init_port": free_port(), **fast, **(slurm or {})},
+        },
     )
     d.env = {"SLURM_CONF": str(cluster.conf), "SLURM_JOB_ID": job}
     return d
@@ -71,7 +79,7 @@ def stop_and_check(cluster: SlurmCluster, job: str, d: Daemon) -> None:
 
 def step_names(cluster: SlurmCluster, job: str) -> list[str]:
     out = cluster.run(["squeue", "-h", "-s", "-j", job, "-o", "%j"]).stdout.split()
-    return [n for n in out if n not in ("sglang-supervisor-probe", "batch")]
+    return [n for n in out if n not in (PRESENCE_NAME, "batch")]
 
 
 def server_info(d: Daemon) -> dict[str, Any]:
