@@ -40,7 +40,6 @@ from typing import Any
 import psutil
 
 from sglang_supervisor.host.gpu import GpuProbe, GpuQueryError
-from sglang_supervisor.host.process import TAG_ENV
 from sglang_supervisor.slurm import nodeprobe
 
 #: A request line longer than this is not one of ours: it is dropped.
@@ -58,33 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _tag_and_node(pid: int) -> tuple[str | None, str | None]:
-    """``TAG_ENV`` and ``SLURMD_NODENAME`` from ``pid``'s environment (one read)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None, None
-    tag = node = None
-    for item in data.split(b"\0"):
-        key, _, value = item.partition(b"=")
-        if key == TAG_ENV.encode():
-            tag = value.decode(errors="replace")
-        elif key == b"SLURMD_NODENAME":
-            node = value.decode(errors="replace")
-    return tag, node
-
-
-def tagged_processes(prefix: str, node: str) -> list[list[Any]]:
-    """``[pid, tag, status, cpu_s]`` of this instance's processes on ``node`` (several
-    ``slurmd`` of a test cluster share one host: a process of another node is left out)."""
-    me = os.getpid()
+def tagged_processes(prefix: str, found: nodeprobe.Scan) -> list[list[Any]]:
+    """``[pid, tag, status, cpu_s]`` of this instance's processes in ``found`` (a scan of
+    this node's tagged processes)."""
     out: list[list[Any]] = []
-    for pid in psutil.pids():
-        if pid == me:
-            continue
-        tag, owner = _tag_and_node(pid)
-        if tag is None or not tag.startswith(prefix) or (owner and owner != node):
+    for pid, tag in found:
+        if not tag.startswith(prefix):
             continue
         try:
             p = psutil.Process(pid)
@@ -97,22 +75,27 @@ def tagged_processes(prefix: str, node: str) -> list[list[Any]]:
     return out
 
 
-def sample(seq: int, probe: GpuProbe, prefix: str) -> dict[str, Any]:
-    """One look at this node: GPUs, our processes, RAM."""
+def sample(
+    seq: int, probe: GpuProbe, prefix: str, found: nodeprobe.Scan | None = None
+) -> dict[str, Any]:
+    """One look at this node: GPUs, our processes (from ``found``, else a new scan), RAM."""
     node = nodeprobe.node_name()
     out: dict[str, Any] = {"sample": seq, "node": node, "step": os.environ.get("SLURM_STEP_ID")}
     try:
         out["gpus"] = nodeprobe.gpus_json(probe)
     except GpuQueryError as exc:
         out["gpu_error"] = str(exc)
-    out["procs"] = tagged_processes(prefix, node)
+    out["procs"] = tagged_processes(prefix, nodeprobe.scan(node) if found is None else found)
     mem = psutil.virtual_memory()
     out["memory"] = {"total_bytes": mem.total, "available_bytes": mem.available}
     return out
 
 
-def respond(line: bytes, probe: GpuProbe, base: Sequence[str]) -> dict[str, Any] | None:
-    """The answer to one request line (None: not addressed to this node)."""
+def respond(
+    line: bytes, probe: GpuProbe, base: Sequence[str]
+) -> tuple[dict[str, Any], nodeprobe.Scan] | None:
+    """The answer to one request line and the scan of this node's processes it was
+    answered from (None: not addressed to this node)."""
     try:
         req = json.loads(line)
         rid = int(req["id"])
@@ -123,15 +106,17 @@ def respond(line: bytes, probe: GpuProbe, base: Sequence[str]) -> dict[str, Any]
     node = nodeprobe.node_name()
     if nodes and node not in nodes:
         return None
+    # One look at the processes serves the question and the fresh sample before it.
+    found = nodeprobe.scan(node)
     try:
         ns = nodeprobe.parser().parse_args([*base, *argv])
     except SystemExit:
-        return {"id": rid, "node": node, "error": f"bad request {argv!r}"}
+        return {"id": rid, "node": node, "error": f"bad request {argv!r}"}, found
     try:
-        data = nodeprobe.answer(ns, probe, first=not nodes or nodes[0] == node)
+        data = nodeprobe.answer(ns, probe, first=not nodes or nodes[0] == node, found=found)
     except Exception as exc:  # one question failed; the presence goes on
-        return {"id": rid, "node": node, "error": f"{type(exc).__name__}: {exc}"}
-    return {"id": rid, **data}
+        return {"id": rid, "node": node, "error": f"{type(exc).__name__}: {exc}"}, found
+    return {"id": rid, **data}, found
 
 
 def _emit(data: dict[str, Any]) -> None:
@@ -170,11 +155,12 @@ def serve(ns: argparse.Namespace) -> int:
             buffer += chunk
             while b"\n" in buffer:
                 line, _, buffer = buffer.partition(b"\n")
-                answer = respond(line, probe, base)
-                if answer is not None:
+                got = respond(line, probe, base)
+                if got is not None:
                     # A fresh sample first: whoever asked then reads a view of the node
                     # at least as new as the answer (the readiness check's, a release's).
-                    _emit(sample(seq, probe, ns.tag_prefix))
+                    answer, found = got
+                    _emit(sample(seq, probe, ns.tag_prefix, found))
                     seq += 1
                     next_sample = time.monotonic() + ns.interval
                     _emit(answer)
