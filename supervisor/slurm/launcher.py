@@ -28,16 +28,19 @@ from typing import Any
 
 from sglang_supervisor.host import ports, process
 from sglang_supervisor.host.backend import ServerHandle
-from sglang_supervisor.host.gpu import GpuQueryError
+from sglang_supervisor.host.gpu import FOREIGN_ADVICE, GpuQueryError, foreign_holders
 from sglang_supervisor.host.teardown import TeardownReport
 from sglang_supervisor.slurm.allocation import Allocation, node_address
 from sglang_supervisor.slurm.presence import Presence
+from sglang_supervisor.slurm.probe import SlurmGpuProbe
 from sglang_supervisor.slurm.settings import SlurmSettings
 from sglang_supervisor.slurm.step import SlurmStep, log_tail, refused_for_good, slurm_refusal
 from sglang_supervisor.slurm.stop import stop_step
 from sglang_supervisor.slurm.stuck import StuckWatch, diagnosis, frozen
 
 log = logging.getLogger("supervisor")
+#: SGLang's words when one node's GPUs are taken at start (distributed/bootstrap.py:441-449).
+UNBALANCED = "The memory capacity is unbalanced"
 #: Refusals in a row (of the server's step, or of the presence's) that mean this
 #: allocation cannot host the server any more; one is enough when Slurm's words say it
 #: lasts for the job's life (its step limit, the job gone: ``step.refused_for_good``).
@@ -65,12 +68,15 @@ class SlurmProcessOps:
         *,
         cwd: Path | None = None,
         python: str = sys.executable,
+        probe: SlurmGpuProbe | None = None,
     ) -> None:
         self.slurm = slurm
         self.allocation = allocation
         self.presence = presence
         self.cwd = cwd
         self.python = python
+        #: Every node's GPUs (the same presence), for what a failed start left behind.
+        self.probe = probe
         #: Node name -> its NodeAddr (``scontrol``, once per node: it does not change).
         self._addresses: dict[str, str] = {}
         #: The server's steps made, Slurm's refusals of them (in a row, the last's words).
@@ -167,6 +173,29 @@ class SlurmProcessOps:
                 self.refused_in_a_row = 0
                 return
             time.sleep(0.1)
+
+    # -- a failed start --
+
+    def start_failure_note(self, handle: ServerHandle) -> str | None:
+        """After a start that failed: what every node of the step shows now, as the
+        preflight names it — a process not ours on a GPU, with its node and pid (taken
+        since the preflight: SGLang then fails every node with "The memory capacity is
+        unbalanced") — or None. Blocking (one question to the nodes)."""
+        if not isinstance(handle, SlurmStep) or self.probe is None:
+            return None
+        try:
+            devices = self.probe.devices()
+            indices = [i for i, d in enumerate(devices) if d.uuid.partition("/")[0] in handle.nodes]
+            samples = self.probe.sample(indices)
+            members = self.members(None, tag=None, tag_prefix=self.presence.tag_prefix)
+        except GpuQueryError as exc:
+            return f"the nodes could not be looked at again: {exc}"
+        foreign = foreign_holders(samples, members)
+        unbalanced = any(UNBALANCED in line for line in log_tail(handle.log_path))
+        if not foreign:
+            return "SGLang says: The memory capacity is unbalanced" if unbalanced else None
+        why = "SGLang failed every node: The memory capacity is unbalanced; " if unbalanced else ""
+        return f"{why}looked at again: {'; '.join(foreign)}; {FOREIGN_ADVICE}"
 
     # -- a stuck node --
 

@@ -41,6 +41,7 @@ def slurm_backend(
         probe_args,
         tag_prefix=instance_tag_prefix(settings),
     )
-    backend.probe = SlurmGpuProbe(presence, backend.probe.kind)
-    procs = SlurmProcessOps(settings.slurm, allocation, presence, cwd=cwd)
+    probe = SlurmGpuProbe(presence, backend.probe.kind)
+    backend.probe = probe
+    procs = SlurmProcessOps(settings.slurm, allocation, presence, cwd=cwd, probe=probe)
     return backend, procs

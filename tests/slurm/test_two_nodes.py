@@ -283,6 +283,49 @@ def test_a_foreign_listener_on_the_rendezvous_port_refuses_naming_port_and_pid(
     assert op["state"] == "succeeded", op
 
 
+def test_a_gpu_taken_between_preflight_and_start_is_named_with_its_node_and_pid(
+    group: tuple[Daemon, str],
+) -> None:
+    """A foreign process takes a GPU of n2 after the apply's preflight and release passed
+    (as the new group starts): SGLang fails every node with "The memory capacity is
+    unbalanced" and the start exits 1. The apply's outcome names the node and the pid, as
+    the preflight would have (it said only "exited with code 1 during start")."""
+    d, _ = group
+    foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    entry = {
+        "pid": foreign.pid,
+        "create_time": psutil.Process(foreign.pid).create_time(),
+        "gpu_uuid": sim_gpu_uuid(5),
+        "bytes": 10 * 2**30,
+    }
+    try:
+        op_id = d.apply({"mem_fraction_static": 0.77}, wait=False).json()["operation"]["id"]
+        wait_until(lambda: d.status()["state"] == "starting", 30, 0.02, "the new group starting")
+        registry = d.dir / "state" / "sim-gpus" / "n2"
+        (registry / f"{foreign.pid}.json").write_text(json.dumps(entry))
+
+        def ended() -> dict[str, Any] | None:
+            op = d.client.get(f"/operations/{op_id}").json()["operation"]
+            return op if op["state"] != "running" else None
+
+        op = wait_until(ended, 120, 0.2, "the apply ended")
+        said = json.dumps(op)
+        assert op["state"] in ("rolled_back", "failed"), op
+        assert "The memory capacity is unbalanced" in said, said
+        assert f"pid {foreign.pid} holds 10.0 GiB on GPU 13 (node n2)" in said, said
+    finally:
+        foreign.kill()
+        foreign.wait(10)
+    # The rollback's start may have met the foreign process too: the group comes back.
+    s = wait_until(
+        lambda: (s := d.status_or_none()) and s["operation"] is None and s, 120, 0.1, "settled"
+    )
+    if s["state"] != "ready":
+        started = d.client.post("/start", params={"wait": "true"}).json()["operation"]
+        assert started["state"] == "succeeded", started
+    assert d.status()["state"] == "ready"
+
+
 def test_an_apply_failing_at_start_rolls_the_group_back(
     slurm_cluster: SlurmCluster, group: tuple[Daemon, str]
 ) -> None:
