@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -226,6 +226,22 @@ class ServerRecord:
     def recovered(self) -> None:
         """A recovery brought the server back."""
         self.restarts += 1
+
+    def crash_history(self, now: float, wall_now: float) -> tuple[int, dict[str, int], list[float]]:
+        """Restarts, restarts by reason and the recent failures as unix times (``now`` is
+        this record's clock, ``wall_now`` the unix time), for the journal."""
+        recent = [wall_now - (now - t) for t in self.crash_times]
+        return self.restarts, dict(self.restarts_by_reason), recent
+
+    def crashes_restored(
+        self, restarts: int, by_reason: Mapping[str, int], recent: Iterable[float], now: float
+    ) -> None:
+        """What an earlier daemon counted (the journal): the restarts go on from there,
+        and its failures (this record's clock, ``now`` the moment of the restore) stay in
+        the crash-loop window."""
+        self.restarts = restarts
+        self.restarts_by_reason = {str(k): int(v) for k, v in by_reason.items()}
+        self.crash_times = deque(sorted(t for t in recent if t <= now))
 
     # ---------------------------------------------------------------- probation
 

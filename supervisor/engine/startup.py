@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 
 from sglang_supervisor.engine import persisted as persisted_levers
@@ -46,6 +47,12 @@ async def prepare(parts: Parts, record: ServerRecord, stop: StopRequest) -> asyn
     """
     record.loading_now(f"the state in {parts.journal.dir}")
     persisted = await parts.journal.load()
+    if persisted.crashes is not None:
+        # The restarts and the crash-loop window go on across daemons (an adopted server
+        # that crashes with its daemon would otherwise never reach the loop limit).
+        c, now = persisted.crashes, parts.clock()
+        ago = [time.time() - float(t) for t in c["recent"]]
+        record.crashes_restored(c["restarts"], c["by_reason"], [now - a for a in ago], now)
     if parts.schema_loader is not None:
         record.loading_now(
             f"SGLang's flag schema from {parts.settings.server.python} (imports SGLang the "
