@@ -60,6 +60,23 @@ def test_batch_script_restarts_the_daemon_which_adopts_the_step(
     try:
         first = wait_until(lambda: daemon_pids(d.config_path), 60, 0.1, "the daemon started")
         s = d.wait_state("ready", 60)
+        # A rank SIGKILLed on the second node first: one restart, which the next daemon
+        # keeps counting (its crash-loop window too).
+        old_tag = s["server"]["launch_tag"]
+        psutil.Process(s["gpus"][2]["processes"][0]["pid"]).kill()
+        s = wait_until(
+            lambda: (
+                (s := d.status_or_none())
+                and s["state"] == "ready"
+                and s["operation"] is None
+                and s["server"]["launch_tag"] != old_tag
+                and s
+            ),
+            60,
+            0.1,
+            "the group recovered",
+        )
+        assert s["restarts"] == 1
         tag, server_pid = s["server"]["launch_tag"], s["server"]["pid"]
         assert step_names(slurm_cluster, job) == [tag]
 
@@ -72,8 +89,9 @@ def test_batch_script_restarts_the_daemon_which_adopts_the_step(
         )
         assert again
         s = d.wait_state("ready", 60)
-        # Adopted: the same step and the same srun, never restarted.
+        # Adopted: the same step and the same srun, never restarted; its restart counted.
         assert (s["server"]["launch_tag"], s["server"]["pid"]) == (tag, server_pid)
+        assert s["restarts"] == 1 and s["restarts_by_reason"] == {"crash": 1}
         assert "adopting pid" in batch_log.read_text()
 
         stopped = slurm_cluster.run(["scancel", "--batch", "-s", "TERM", job])
