@@ -84,6 +84,8 @@ class ReadRecord(Protocol):
     def last_drain_left(self) -> float | None: ...
     @property
     def probation(self) -> Mapping[str, Any] | None: ...
+    @property
+    def refused_start(self) -> str | None: ...
 
     def gpu_indices(self) -> list[int]: ...
 
@@ -120,6 +122,9 @@ class ServerRecord:
         #: When the recent failures happened (the crash-loop window).
         self.crash_times: deque[float] = deque()
         self.warnings: list[str] = []
+        #: Why the daemon's own start is refused (a process not ours on a managed GPU),
+        #: while start-up retries it (``startup.retry_refused_start``); None otherwise.
+        self.refused_start: str | None = None
         #: Which SGLang answers validation, and whether its resolution runs (/status).
         self.sglang: SglangInfo = sglang_before_start()
         #: What start-up is still loading, for /status and the 503 of mutating calls
@@ -183,6 +188,15 @@ class ServerRecord:
     def server_started(self, server: ServerInfo) -> None:
         """A launch (or an adopted one) is in hand: a shutdown's teardown finds it."""
         self.server = server
+        self.refused_start = None
+
+    def start_refused(self, why: str | None) -> None:
+        """The daemon's own start is refused (``why``, which the state's reason says: the
+        state itself stays ``stopped``), or no longer (None)."""
+        self.refused_start = why
+        if why is not None:
+            self.state_reason = why
+            log.warning("%s", why)
 
     def server_ready(self, max_total_num_tokens: int | None) -> None:
         """The server in hand answered /health_generate (and maybe /server_info)."""

@@ -94,6 +94,8 @@ class Supervisor(SupervisorReads):
         )
         self.ops = OperationRegistry(events, self.parts.journal, self._contain)
         self.watch = Watcher(self.parts, self.record, self.ops, self.on_crash)
+        #: Start-up's retries of its own start, refused by a process not ours on a GPU.
+        self._start_retry: asyncio.Task[None] | None = None
         #: A shutdown asked for (graceful, then forced) and the drain's deadline: what
         #: the steps read to end early, apart from the state.
         self.stop_request = StopRequest()
@@ -146,7 +148,17 @@ class Supervisor(SupervisorReads):
         self._started = True
         self.watch.start()
         op = self._begin(OpKind.START, None)
-        self.ops.run(op, startup.initial_start(self.parts, self.record, self.stop_request, op))
+        self.ops.run(op, self._initial_start(op))
+
+    async def _initial_start(self, op: Operation) -> None:
+        await startup.initial_start(self.parts, self.record, self.stop_request, op)
+        if self.record.refused_start is not None:  # a process not ours on a managed GPU
+            self._start_retry = asyncio.create_task(
+                startup.retry_refused_start(
+                    self.parts, self.record, self.stop_request, self.submit_start
+                ),
+                name="start-retry",
+            )
 
     @property
     def shutdown_requested(self) -> bool:
@@ -205,6 +217,8 @@ class Supervisor(SupervisorReads):
             if task is not None and not task.done():
                 await asyncio.wait({task})  # ends at its next phase boundary
             await self.watch.stop()
+            if self._start_retry is not None:
+                self._start_retry.cancel()
             op = Operation(kind=OpKind.SHUTDOWN)
             if not keep_server:
                 self.ops.keep(op)

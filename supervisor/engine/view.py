@@ -118,6 +118,8 @@ class SupervisorView:
     desired: DesiredView | None = None
     #: The slurm launcher's own status (``SlurmProcessOps.status_json``); None elsewhere.
     slurm: Mapping[str, Any] | None = None
+    #: Why the daemon's own start is refused while start-up retries it (None: it is not).
+    start_refused: str | None = None
 
     @property
     def gpu_indices(self) -> list[int]:
@@ -162,6 +164,8 @@ class SupervisorView:
             if self.last_drain_s is None
             else {"duration_s": round(self.last_drain_s, 3), "requests_left": self.last_drain_left},
             "probation": None if self.probation is None else dict(self.probation),
+            # The daemon's start refused by a process not ours on a GPU, retried meanwhile.
+            "start_refused": self.start_refused,
             # The allocation, the per-node presence and the steps it made (docs/slurm.md).
             **({"slurm": dict(self.slurm)} if self.slurm is not None else {}),
             # drift (config vs serving) and levers_config: engine/desired.py
@@ -255,6 +259,7 @@ def snapshot(parts: Parts, record: ReadRecord, ops: OperationRegistry) -> Superv
         slurm=None
         if (launcher := getattr(parts.procs, "status_json", None)) is None
         else launcher(),
+        start_refused=record.refused_start,
     )
 
 

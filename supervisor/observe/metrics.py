@@ -109,6 +109,12 @@ class _Collector(Collector):
             "1 while the server is ready (answered /health_generate)",
             value=1.0 if view.state == ServerState.READY else 0.0,
         )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_start_refused",
+            "1 while the daemon's own start is refused by a process not ours on a managed "
+            "GPU (retried with back-off; /status start_refused says which)",
+            value=1.0 if view.start_refused else 0.0,
+        )
         restarts = CounterMetricFamily(
             f"{PREFIX}_restarts",
             "Restarts of a server that had been ready, by reason",

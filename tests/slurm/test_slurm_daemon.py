@@ -167,3 +167,39 @@ def test_foreign_process_on_the_second_nodes_gpu_is_named_with_its_node(
     finally:
         foreign.kill()
         foreign.wait(10)
+
+
+def test_a_dirty_gpu_at_start_is_said_and_the_start_retried_once_it_is_clean(
+    slurm_cluster: SlurmCluster, allocation: str, tmp_path: Path
+) -> None:
+    """A process not ours holds a GPU of n2 when the daemon starts: the state's reason
+    names it with its node (it said "daemon started"), /status start_refused and the
+    metric say so, and once it leaves the start is retried without an operator."""
+    foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    d = slurm_daemon(slurm_cluster, allocation, tmp_path, {"tp_size": 2})
+    registry = d.dir / "state" / "sim-gpus" / "n2"
+    registry.mkdir(parents=True)
+    entry = {
+        "pid": foreign.pid,
+        "create_time": psutil.Process(foreign.pid).create_time(),
+        "gpu_uuid": sim_gpu_uuid(1),
+        "bytes": 10 * 2**30,
+    }
+    (registry / f"{foreign.pid}.json").write_text(json.dumps(entry))
+    try:
+        d.start(wait_ready=False)
+        s = wait_until(
+            lambda: (s := d.status_or_none()) and s.get("start_refused") and s, 60, 0.1, "refused"
+        )
+        assert s["state"] == "stopped"
+        assert f"pid {foreign.pid} holds 10.0 GiB on GPU 3 (node n2)" in s["state_reason"]
+        assert "sglang_supervisor_start_refused 1.0" in d.client.get("/metrics").text
+        foreign.kill()
+        foreign.wait(10)
+        s = d.wait_state("ready", 60)
+        assert s["start_refused"] is None
+    finally:
+        if foreign.poll() is None:
+            foreign.kill()
+            foreign.wait(10)
+        stop_and_check(slurm_cluster, allocation, d)
