@@ -38,7 +38,7 @@ from sglang_supervisor.host import sdnotify
 from sglang_supervisor.host.process import set_child_subreaper
 from sglang_supervisor.runtime import build_supervisor, cleanup
 from sglang_supervisor.sglang.router import read_api_key
-from sglang_supervisor.slurm.allocation import require_allocation
+from sglang_supervisor.slurm.allocation import require_allocation, share_of
 from sglang_supervisor.states import ServerState
 from sglang_supervisor_api.app import close_streams, create_app
 from sglang_supervisor_api.audit import flush_suppressed
@@ -244,7 +244,7 @@ async def serve(
         check_tls(settings.api)
         read_api_key(settings.router)  # an unreadable router key file stops us here
         if settings.server.launcher == "slurm":  # NotInAllocation is a RuntimeError
-            require_allocation(settings.slurm.scontrol)
+            share_of(require_allocation(settings.slurm.scontrol), settings.slurm)
         state_fd = lock_state_dir(settings.state_dir)
     except OSError as exc:  # read-only, not ours, full: no traceback, no restart loop
         print(state_dir_unusable(settings, exc), file=sys.stderr)

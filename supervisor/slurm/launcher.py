@@ -20,6 +20,7 @@ the leader-first stop (``sglang_supervisor.slurm.stop``).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -293,9 +294,18 @@ class SlurmProcessOps:
         ]
 
     def port_listeners(self, host: str, port: int) -> list[int | None]:
-        """Who listens on the server port: node 0 serves HTTP, and the daemon runs on node
-        0 (the allocation's batch step), so this host's socket table answers."""
-        return ports.port_listeners(host, port)
+        """Who listens on the server port on the server's node 0: this host's socket table
+        where the daemon runs there (the batch step on the allocation's first node), else
+        that node's presence (a replica's daemon elsewhere). Raises ``PortsUnreadable``."""
+        here = os.environ.get("SLURMD_NODENAME")
+        node = self.allocation.nodes[0]
+        if here is None or here == node:
+            return ports.port_listeners(host, port)
+        try:
+            answers = self.presence.ask(["--no-gpus", "--port-holders", str(port)], [node])
+        except GpuQueryError as exc:
+            raise ports.PortsUnreadable(f"node {node}: {exc}") from exc
+        return [None if p < 0 else int(p) for p in answers[node].get("port_holders", [])]
 
     # -- members --
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sglang_supervisor.config import Settings, instance_tag_prefix
 from sglang_supervisor.host.backend import Backend
-from sglang_supervisor.slurm.allocation import require_allocation
+from sglang_supervisor.slurm.allocation import require_allocation, share_of
 from sglang_supervisor.slurm.launcher import SlurmProcessOps
 from sglang_supervisor.slurm.presence import Presence
 from sglang_supervisor.slurm.probe import SlurmGpuProbe
@@ -19,7 +19,7 @@ def slurm_backend(
     node under ``<registry>/<node>``), and the ``ProcessOps`` launching one job step.
 
     Raises ``NotInAllocation`` outside a Slurm allocation."""
-    allocation = require_allocation(settings.slurm.scontrol)
+    allocation = share_of(require_allocation(settings.slurm.scontrol), settings.slurm)
     probe_args: tuple[str, ...] = ()
     if backend.name == "simulated":
         sim = settings.sim

@@ -34,11 +34,13 @@ def slurm_daemon(
     timeouts: dict[str, Any] | None = None,
     sim: dict[str, Any] | None = None,
     slurm: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    cls: type[Daemon] = Daemon,
 ) -> Daemon:
     # Short waits on the nodes: a sample every 0.5 s, a question answered within 3 s, a
     # node stuck after 2 s (the shipped defaults are 1 s, 5 s, 10 s).
     fast = {"sample_interval_s": 0.5, "probe_timeout_s": 3.0, "stuck_after_s": 2.0}
-    d = Daemon(
+    d = cls(
         tmp,
         gpus=gpus,
         sim=sim,
@@ -47,6 +49,7 @@ def slurm_daemon(
         extra={
             "server": {"launcher": "slurm"},
             "slurm": {"dist_init_port": free_port(), **fast, **(slurm or {})},
+            **(extra or {}),
         },
     )
     d.env = {"SLURM_CONF": str(cluster.conf), "SLURM_JOB_ID": job}
