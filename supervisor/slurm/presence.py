@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import select
 import subprocess
 import sys
 import threading
@@ -33,6 +34,7 @@ from typing import IO, Any
 from sglang_supervisor.host.gpu import GpuQueryError
 from sglang_supervisor.host.process import TAG_ENV
 from sglang_supervisor.slurm.settings import SlurmSettings
+from sglang_supervisor.slurm.step import srun_said
 
 log = logging.getLogger("supervisor")
 
@@ -58,12 +60,6 @@ class NodeSample:
     node: str
     data: dict[str, Any]
     at: float
-
-
-def refusal_text(lines: Sequence[str]) -> str:
-    """What srun said when it could not make (or keep) the step: its error lines."""
-    errors = [ln.strip() for ln in lines if "error" in ln.lower()]
-    return "; ".join(errors[-3:]) or "; ".join(ln.strip() for ln in lines[-3:]) or "no output"
 
 
 class Presence:
@@ -175,7 +171,8 @@ class Presence:
             self._proc, self._started_at, self._step = proc, self.clock(), None
             self._samples.clear()
             self._stderr.clear()
-        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout is not None and proc.stderr is not None and proc.stdin is not None
+        os.set_blocking(proc.stdin.fileno(), False)  # a question never blocks (``_write``)
         threading.Thread(
             target=self._read, args=(proc, proc.stdout), name="presence-out", daemon=True
         ).start()
@@ -217,7 +214,7 @@ class Presence:
             sampled = bool(self._samples)
         how = f"srun exited with status {rc}"
         tail = list(self._stderr)
-        self._ended(proc, f"{how}: {refusal_text(tail)}", refused=not sampled)
+        self._ended(proc, f"{how}: {srun_said(tail)}", refused=not sampled)
 
     def _received(self, data: dict[str, Any]) -> None:
         node = str(data.get("node", ""))
@@ -282,13 +279,11 @@ class Presence:
             self._wait_for(lambda: all(n in self._samples for n in use), proc, up)
             deadline = self.clock() + limit
             line = json.dumps({"id": rid, "nodes": use, "argv": list(argv)}) + "\n"
-            try:
-                with self._write_lock:
-                    assert proc.stdin is not None
-                    proc.stdin.write(line)
-                    proc.stdin.flush()
-            except (OSError, ValueError):
-                pass  # srun is gone: said below, with what it said
+            if not self._write(proc, line.encode(), deadline):
+                raise GpuQueryError(
+                    f"the per-node presence takes no question within {limit:g}s (its stdin "
+                    "is full: a node's task does not read; slurm.probe_timeout_s)"
+                )
             got = self._waiting[rid]
             self._wait_for(lambda: all(n in got for n in use), proc, deadline)
             answers = {n: got[n] for n in use if n in got}
@@ -302,6 +297,26 @@ class Presence:
             if "error" in data:
                 raise GpuQueryError(f"node {node}: {data['error']}")
         return answers
+
+    def _write(self, proc: subprocess.Popen[str], data: bytes, deadline: float) -> bool:
+        """``data`` to srun's stdin, never blocking past ``deadline`` (the pipe is
+        non-blocking: srun stops reading when a node's task stops reading). False when it
+        did not fit in time; True also when srun is gone (said by the wait that follows)."""
+        with self._write_lock:
+            if proc.stdin is None or proc.stdin.closed:
+                return True
+            fd = proc.stdin.fileno()
+            while data:
+                try:
+                    data = data[os.write(fd, data) :]
+                except BlockingIOError:
+                    left = deadline - self.clock()
+                    if left <= 0:
+                        return False
+                    select.select([], [fd], [], min(left, 0.5))
+                except OSError:
+                    return True  # srun is gone: said below, with what it said
+        return True
 
     def _wait_for(
         self, done: Callable[[], bool], proc: subprocess.Popen[str], deadline: float

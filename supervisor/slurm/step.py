@@ -55,6 +55,12 @@ def slurm_refusal(lines: Sequence[str]) -> str | None:
     return None
 
 
+def srun_said(lines: Sequence[str]) -> str:
+    """What srun said when it could not make (or keep) a step: its error lines."""
+    errors = [ln.strip() for ln in lines if "error" in ln.lower()]
+    return "; ".join(errors[-3:]) or "; ".join(ln.strip() for ln in lines[-3:]) or "no output"
+
+
 def log_tail(path: Path, limit: int = 8192) -> list[str]:
     """The last lines of a launch's log (srun writes its errors there). Blocking."""
     try:

@@ -190,3 +190,22 @@ def test_closing_ends_every_task(tmp_path: Path) -> None:
     wait_until(lambda: not any(psutil.pid_exists(t) for t in tasks), 10, 0.05, "tasks gone")
     with pytest.raises(GpuQueryError, match="closed"):
         p.ask([])
+
+
+def test_a_question_never_blocks_on_a_full_stdin(tmp_path: Path) -> None:
+    """srun stops reading its stdin when a node's task stops reading: the question gives
+    up at its deadline instead of blocking the thread that asked (and every later one)."""
+    import subprocess
+    import time
+
+    p = make_presence(tmp_path)
+    reader = subprocess.Popen(["sleep", "30"], stdin=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdin is not None
+        os.set_blocking(reader.stdin.fileno(), False)
+        t0 = time.monotonic()
+        assert not p._write(reader, b"x" * 2**22, deadline=p.clock() + 0.2)  # 4 MiB
+        assert time.monotonic() - t0 < 5  # a guard: it gave up, it did not block
+    finally:
+        reader.kill()
+        reader.wait(10)
