@@ -87,6 +87,8 @@ class Presence:
         self._started_at = 0.0
         self._step: str | None = None
         self._samples: dict[str, NodeSample] = {}
+        #: The nodes whose task of the running launch has sampled (it answers questions).
+        self._up: set[str] = set()
         #: Request id -> {node: answer}, for the questions being waited for only.
         self._waiting: dict[int, dict[str, Any]] = {}
         self._next_id = 0
@@ -169,7 +171,8 @@ class Presence:
         self.launches += 1
         with self._cond:
             self._proc, self._started_at, self._step = proc, self.clock(), None
-            self._samples.clear()
+            # Readers keep the last samples (ageing) until this launch's come.
+            self._up.clear()
             self._stderr.clear()
         assert proc.stdout is not None and proc.stderr is not None and proc.stdin is not None
         os.set_blocking(proc.stdin.fileno(), False)  # a question never blocks (``_write``)
@@ -183,8 +186,7 @@ class Presence:
         return proc
 
     def _read_stderr(self, stream: IO[str]) -> None:
-        for line in stream:
-            self._stderr.append(line.rstrip()[:500])
+        self._stderr.extend(line.rstrip()[:500] for line in stream)
 
     def _read(self, proc: subprocess.Popen[str], stream: IO[str]) -> None:
         """The presence's stdout: samples and answers, joined from srun's pieces."""
@@ -211,16 +213,17 @@ class Presence:
                 pieces[task] = acc if len(acc) <= MAX_MESSAGE_CHARS else ""
         rc = proc.wait()
         with self._cond:
-            sampled = bool(self._samples)
+            refused = not self._up and not self._closed  # no task of it ever sampled
         how = f"srun exited with status {rc}"
         tail = list(self._stderr)
-        self._ended(proc, f"{how}: {srun_said(tail)}", refused=not sampled)
+        self._ended(proc, f"{how}: {srun_said(tail)}", refused=refused)
 
     def _received(self, data: dict[str, Any]) -> None:
         node = str(data.get("node", ""))
         with self._cond:
             if "sample" in data:
                 self._samples[node] = NodeSample(node, data, self.clock())
+                self._up.add(node)
                 self.refused_in_a_row = 0
                 step = data.get("step")
                 if step is not None:
@@ -276,7 +279,7 @@ class Presence:
             # A presence just launched first has its step made and an interpreter started
             # on every node: that is given START_S, the question itself ``limit``.
             up = self.clock() + max(limit, START_S)
-            self._wait_for(lambda: all(n in self._samples for n in use), proc, up)
+            self._wait_for(lambda: all(n in self._up for n in use), proc, up)
             deadline = self.clock() + limit
             line = json.dumps({"id": rid, "nodes": use, "argv": list(argv)}) + "\n"
             if not self._write(proc, line.encode(), deadline):
@@ -299,9 +302,8 @@ class Presence:
         return answers
 
     def _write(self, proc: subprocess.Popen[str], data: bytes, deadline: float) -> bool:
-        """``data`` to srun's stdin, never blocking past ``deadline`` (the pipe is
-        non-blocking: srun stops reading when a node's task stops reading). False when it
-        did not fit in time; True also when srun is gone (said by the wait that follows)."""
+        """``data`` to srun's stdin by ``deadline`` (False: it did not fit; srun stops
+        reading when a node's task does), never blocking. True also when srun is gone."""
         with self._write_lock:
             if proc.stdin is None or proc.stdin.closed:
                 return True
@@ -367,7 +369,7 @@ class Presence:
             ages = {n: round(now - s.at, 3) for n, s in self._samples.items()}
             return {
                 "step": self._step if up else None,
-                "state": "down" if not up else "up" if len(ages) == len(self.nodes) else "starting",
+                "state": "down" if not up else "up" if self._up >= set(self.nodes) else "starting",
                 "sample_age_s": ages,
                 "launches": self.launches,
                 "refusals": self.refusals,
