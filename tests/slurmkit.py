@@ -69,10 +69,6 @@ class SlurmCluster:
         assert got.returncode == 0, got.stderr
         return int(got.stdout.split()[-1])
 
-    def slurmd_pid(self, node: str) -> int:
-        """The ``slurmd`` of ``node`` (scripts/slurm-cluster.sh keeps its pid file)."""
-        return int((self.conf.parent.parent / "run" / f"slurmd-{node}.pid").read_text())
-
     def steps(self, job: str) -> list[str]:
         """The running steps of ``job`` as ``job.step`` ids (batch/extern steps left out)."""
         out = self.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"]).stdout.split()
