@@ -37,7 +37,7 @@ from sglang_supervisor.host import sdnotify
 from sglang_supervisor.host.process import set_child_subreaper
 from sglang_supervisor.runtime import build_supervisor, cleanup
 from sglang_supervisor.sglang.router import read_api_key
-from sglang_supervisor.slurm.allocation import require_allocation
+from sglang_supervisor.slurm.allocation import require_allocation, share_of
 from sglang_supervisor.states import ServerState
 from sglang_supervisor_api.app import close_streams, create_app
 from sglang_supervisor_api.audit import flush_suppressed
@@ -50,6 +50,11 @@ from sglang_supervisor_api.logsetup import UVICORN_LOG_CONFIG
 from sglang_supervisor_api.reconcile import on_sighup
 from sglang_supervisor_api.reload import Reloader
 from sglang_supervisor_api.server_journal import server_log_forwarder
+from sglang_supervisor_api.slurm_daemon import (
+    EXIT_ALLOCATION_UNUSABLE,
+    SlurmTwins,
+    watch_allocation,
+)
 from sglang_supervisor_api.state_lock import StateDirBusy, lock_state_dir
 from sglang_supervisor_api.tls import check_tls
 
@@ -104,6 +109,9 @@ class _Stopping:
     (``cut_grace``); the release is still verified. The daemon only mirrors the outcome
     onto uvicorn (``force_exit``), like uvicorn's own ``handle_exit``; it starts no sweep
     of its own beside the supervisor's teardown.
+
+    SIGUSR1 (the Slurm batch script's) never forces, nor does its SIGTERM twin from Slurm
+    (``sglang_supervisor_api.slurm_daemon``).
     """
 
     def __init__(
@@ -117,13 +125,23 @@ class _Stopping:
         self.app = app
         self.server = server
         self.reload = reload
-        #: The first SIGTERM/SIGINT came.
+        #: The first SIGTERM/SIGINT/SIGUSR1 came.
         self.requested = asyncio.Event()
+        #: Why the Slurm allocation can no longer host the server (exit 4), once seen.
+        self.unusable: str | None = None
+        self.twins = SlurmTwins()
+
+    def allocation_unusable(self, why: str) -> None:
+        """The daemon's own stop (``slurm_daemon.watch_allocation``): a SIGUSR1's."""
+        self.unusable = why
+        self.on_signal(signal.SIGUSR1)
 
     def on_signal(self, sig: signal.Signals) -> None:
         if sig == signal.SIGHUP:
             self.reload()
             return
+        if self.twins.absorbed(sig, self.requested.is_set()):
+            return  # one signal from Slurm, one stop (sglang_supervisor_api.slurm_daemon)
         self.server.should_exit = True
         close_streams(self.app)
         self.requested.set()
@@ -225,7 +243,7 @@ async def serve(
         check_tls(settings.api)
         read_api_key(settings.router)  # an unreadable router key file stops us here
         if settings.server.launcher == "slurm":  # NotInAllocation is a RuntimeError
-            require_allocation(settings.slurm.scontrol)
+            share_of(require_allocation(settings.slurm.scontrol), settings.slurm)
         state_fd = lock_state_dir(settings.state_dir)
     except OSError as exc:  # read-only, not ours, full: no traceback, no restart loop
         print(state_dir_unusable(settings, exc), file=sys.stderr)
@@ -344,6 +362,10 @@ async def _serve_owned(
     stopping = _Stopping(sup, app, server, reload)
     signals.attach(asyncio.get_running_loop(), stopping.on_signal)
     journal = server_log_forwarder(settings, sup)  # [server] log_to_journal
+    slurm = settings.server.launcher == "slurm"  # the allocation unusable: exit 4
+    watch = (
+        asyncio.create_task(watch_allocation(sup, stopping.allocation_unusable)) if slurm else None
+    )
     try:
         # The API answers from the first instant (/healthz, /status saying what is still
         # loading, 503 + Retry-After for mutating calls) while start-up reads the state,
@@ -368,6 +390,8 @@ async def _serve_owned(
     finally:
         if reloader is not None:
             await reloader.stop()
+        if watch is not None:
+            watch.cancel()
         keep = keep_server_on_exit(settings)
         released = await sup.shutdown(keep_server=keep)
         if journal is not None:  # the server's last lines (its drain, its exit) too
@@ -379,5 +403,7 @@ async def _serve_owned(
         flush_suppressed()
         audit_writer.stop()  # what is still queued is written first
         signals.detach()
+    if stopping.unusable is not None:  # Slurm refuses the server's steps: a new allocation
+        return EXIT_ALLOCATION_UNUSABLE
     # 1: the server was stopped but its GPUs could not be verified released (see the log).
     return 0 if released else 1

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import asyncio
 
-#: SIGTERM/SIGINT stop the daemon (a second one forces); SIGHUP reloads its settings.
-HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: SIGTERM/SIGINT stop the daemon (a second one forces); SIGHUP reloads its settings;
+#: SIGUSR1 is a stop that never forces: the Slurm batch script's, beside the SIGTERM Slurm
+#: itself sends the daemon (deploy/slurm/sglang-supervisor.sbatch; docs/slurm.md).
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
 Dispatch = Callable[[signal.Signals], None]
 

@@ -191,6 +191,9 @@ class GpuStatus(_Open):
     node: str | None = Field(
         None, description='the Slurm node it is on (server.launcher = "slurm" only)'
     )
+    sample_age_s: float | None = Field(
+        None, description="how old its node's last sample is (slurm: /status never waits)"
+    )
 
 
 class NodeStatus(_Open):
@@ -198,6 +201,7 @@ class NodeStatus(_Open):
     gpus: list[int]
     memory_used_bytes: int
     memory_total_bytes: int
+    sample_age_s: float | None = None
 
 
 class ServerModel(_Open):
@@ -288,6 +292,12 @@ class StatusAnswer(_Open):
     gpus: list[GpuStatus]
     nodes: list[NodeStatus] | None = Field(
         None, description='server.launcher = "slurm": each node with its GPUs (indices)'
+    )
+    slurm: dict[str, Any] | None = Field(
+        None,
+        description='server.launcher = "slurm": job_id, nodes, presence (the per-node '
+        "presence step: state, sample_age_s per node, launches, refusals), server_steps "
+        "(made, refused), stuck, allocation_unusable (docs/slurm.md)",
     )
     operation: OperationModel | None
     last_operation: dict[str, Any] | None

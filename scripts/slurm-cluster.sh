@@ -12,6 +12,8 @@
 # another test session's) never collides with this one. Everything lives under DIR
 # (config, spool, logs, pid files); `stop` cancels every job of this cluster and ends the
 # daemons whose pids its pid files hold. No gres: the tests simulate GPUs per node.
+# $SLURM_CLUSTER_EXTRA_CONF (lines) is appended to slurm.conf (e.g. MaxStepCount=8 for a
+# cluster whose jobs run out of steps).
 set -euo pipefail
 
 usage() { echo "usage: $0 start|stop DIR [PORT]" >&2; exit 2; }
@@ -108,6 +110,7 @@ KillWait=5
 NodeName=n1 NodeHostname=localhost Port=$((port + 4)) CPUs=2 RealMemory=2000 State=UNKNOWN
 NodeName=n2 NodeHostname=localhost Port=$((port + 5)) CPUs=2 RealMemory=2000 State=UNKNOWN
 PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+${SLURM_CLUSTER_EXTRA_CONF:-}
 EOF
 }
 

@@ -79,6 +79,10 @@ class PersistedState:
     #: The operator's stop that left the server stopped (its operation id): a restarted
     #: daemon leaves it stopped until an operator starts it. None once anything launches.
     stopped_by: str | None = None
+    #: The server's restarts and the failures within the crash-loop window
+    #: (``{"restarts", "by_reason", "recent"}``, recent as unix times): a restarted daemon
+    #: goes on counting them (the window would reset with each daemon otherwise).
+    crashes: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -90,6 +94,7 @@ class PersistedState:
             if self.baseline is None
             else {str(k): v for k, v in sorted(self.baseline.items())},
             "stopped_by": self.stopped_by,
+            "crashes": self.crashes,
         }
 
     @classmethod
@@ -106,6 +111,14 @@ class PersistedState:
         stopped_by = data.get("stopped_by")
         if stopped_by is not None and not isinstance(stopped_by, str):
             raise ValueError(f"stopped_by is {type(stopped_by).__name__}, not a string")
+        crashes = data.get("crashes")
+        if crashes is not None and not (
+            isinstance(crashes, dict)
+            and isinstance(crashes.get("restarts"), int)
+            and isinstance(crashes.get("by_reason"), dict)
+            and isinstance(crashes.get("recent"), list)
+        ):
+            raise ValueError("crashes is not an object of restarts, by_reason and recent")
         return cls(
             levers=_lever_set(data, "levers"),
             last_good=_lever_set(data, "last_good"),
@@ -113,6 +126,7 @@ class PersistedState:
             pending_operation=pending,
             baseline={int(k): int(v) for k, v in baseline.items()} if baseline else None,
             stopped_by=stopped_by,
+            crashes=crashes,
         )
 
 

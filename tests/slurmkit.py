@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 SLURM_CONF_ENV = "SGLANG_SUPERVISOR_TEST_SLURM_CONF"
@@ -58,6 +59,16 @@ class SlurmCluster:
             self.run(["scancel", "-s", "KILL", job])
             self.run(["scancel", job])
 
+    def step_id(self, job: str) -> int:
+        """The step id Slurm gives a new step of ``job`` now (by making one: a marker).
+        Slurm numbers a job's steps 0, 1, 2...: between two markers ``a`` and ``b``,
+        ``b - a - 1`` steps were made, whoever made them."""
+        got = self.run(
+            ["srun", "--overlap", f"--jobid={job}", "-N1", "-n1", "sh", "-c", "echo $SLURM_STEP_ID"]
+        )
+        assert got.returncode == 0, got.stderr
+        return int(got.stdout.split()[-1])
+
     def steps(self, job: str) -> list[str]:
         """The running steps of ``job`` as ``job.step`` ids (batch/extern steps left out)."""
         out = self.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"]).stdout.split()
@@ -78,3 +89,34 @@ def find_cluster() -> SlurmCluster:
     if os.environ.get("CI") == "true":
         raise RuntimeError("CI: " + why)
     pytest.skip(why)
+
+
+def node_processes(prefix: str, node: str) -> list[psutil.Process]:
+    """Processes on the test cluster's ``node`` (``SLURMD_NODENAME``) whose launch tag
+    starts with ``prefix``: the nodes share this host, their processes do not."""
+    from tests.helpers import tagged_processes
+
+    out = []
+    for p in tagged_processes(prefix):
+        try:
+            if p.environ().get("SLURMD_NODENAME") == node:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def presence_task(instance: str, node: str) -> psutil.Process:
+    """The per-node presence's task of daemon ``instance`` on ``node``."""
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        try:
+            if (
+                "sglang_supervisor.slurm.agent" in cmd
+                and f"{instance}." in cmd
+                and p.environ().get("SLURMD_NODENAME") == node
+            ):
+                return p
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no presence task of {instance} on {node}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,17 @@ class Journal:
         """The recorded server was torn down (released or not): nothing to adopt."""
         self._state.server = None
         await self._save_quietly()
+
+    def record_crashes(
+        self, restarts: int, by_reason: Mapping[str, int], recent: Sequence[float]
+    ) -> None:
+        """The server's restarts and its failures within the crash-loop window (unix
+        times), written with the next save: a restarted daemon goes on counting them."""
+        self._state.crashes = {
+            "restarts": restarts,
+            "by_reason": dict(by_reason),
+            "recent": [round(t, 3) for t in recent],
+        }
 
     def record_baseline(self, baseline: Mapping[int, int]) -> None:
         """GPU memory measured with nothing of ours running (written with the next save)."""

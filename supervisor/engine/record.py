@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -88,6 +88,8 @@ class ReadRecord(Protocol):
     def last_drain_left(self) -> float | None: ...
     @property
     def probation(self) -> Mapping[str, Any] | None: ...
+    @property
+    def refused_start(self) -> str | None: ...
 
     def gpu_indices(self) -> list[int]: ...
 
@@ -124,6 +126,9 @@ class ServerRecord:
         #: When the recent failures happened (the crash-loop window).
         self.crash_times: deque[float] = deque()
         self.warnings: list[str] = []
+        #: Why the daemon's own start is refused (a process not ours on a managed GPU),
+        #: while start-up retries it (``startup.retry_refused_start``); None otherwise.
+        self.refused_start: str | None = None
         #: Which SGLang answers validation, and whether its resolution runs (/status).
         self.sglang: SglangInfo = sglang_before_start()
         #: What start-up is still loading, for /status and the 503 of mutating calls
@@ -189,6 +194,15 @@ class ServerRecord:
         secret values are hidden from now on wherever they appear (its log prints them)."""
         remember(server.levers.levers, server.levers.env)
         self.server = server
+        self.refused_start = None
+
+    def start_refused(self, why: str | None) -> None:
+        """The daemon's own start is refused (``why``, which the state's reason says: the
+        state itself stays ``stopped``), or no longer (None)."""
+        self.refused_start = why
+        if why is not None:
+            self.state_reason = why
+            log.warning("%s", why)
 
     def server_ready(self, max_total_num_tokens: int | None, start_s: float | None = None) -> None:
         """The server in hand answered /health_generate (and maybe /server_info), after
@@ -242,6 +256,22 @@ class ServerRecord:
     def recovered(self) -> None:
         """A recovery brought the server back."""
         self.restarts += 1
+
+    def crash_history(self, now: float, wall_now: float) -> tuple[int, dict[str, int], list[float]]:
+        """Restarts, restarts by reason and the recent failures as unix times (``now`` is
+        this record's clock, ``wall_now`` the unix time), for the journal."""
+        recent = [wall_now - (now - t) for t in self.crash_times]
+        return self.restarts, dict(self.restarts_by_reason), recent
+
+    def crashes_restored(
+        self, restarts: int, by_reason: Mapping[str, int], recent: Iterable[float], now: float
+    ) -> None:
+        """What an earlier daemon counted (the journal): the restarts go on from there,
+        and its failures (this record's clock, ``now`` the moment of the restore) stay in
+        the crash-loop window."""
+        self.restarts = restarts
+        self.restarts_by_reason = {str(k): int(v) for k, v in by_reason.items()}
+        self.crash_times = deque(sorted(t for t in recent if t <= now))
 
     # ---------------------------------------------------------------- probation
 

@@ -172,6 +172,12 @@ async def launch_until_ready(
             full = await asyncio.to_thread(diskspace.full_disk_note, handle.log_path)
             if full is not None:
                 op.rollback_reason = f"{exc}; {full}"
+            # A launcher that spans nodes looks at them again: a GPU taken since the
+            # preflight is named with its node and pid (supervisor/slurm/launcher.py).
+            explain = getattr(parts.procs, "start_failure_note", None)
+            note = None if explain is None else await asyncio.to_thread(explain, handle)
+            if note:
+                op.rollback_reason += f"; {note}"
         ph.end(FAILED, op.rollback_reason)
         return False
     except Cancelled as exc:

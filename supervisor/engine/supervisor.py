@@ -38,7 +38,7 @@ from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.engine.view import MembersCache, SupervisorView, gpu_status, snapshot
 from sglang_supervisor.engine.watch import Watcher
 from sglang_supervisor.host.backend import Backend, ProcessOps
-from sglang_supervisor.host.gpu import GpuSample
+from sglang_supervisor.host.gpu import GpuQueryError, GpuSample
 from sglang_supervisor.observe.effect import EffectMeter
 from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.observe.health import HealthChecker
@@ -105,6 +105,8 @@ class Supervisor(SupervisorReads):
         # Another operation's end interrupts an effect being measured (engine/effect.py).
         self.ops.on_end.append(lambda op: effect.operation_ended(self.parts, op))
         self.watch = Watcher(self.parts, self.record, self.ops, self.on_crash)
+        #: Start-up's retries of its own start, refused by a process not ours on a GPU.
+        self._start_retry: asyncio.Task[None] | None = None
         #: A shutdown asked for (graceful, then forced) and the drain's deadline: what
         #: the steps read to end early, apart from the state.
         self.stop_request = StopRequest()
@@ -161,7 +163,17 @@ class Supervisor(SupervisorReads):
         self._started = True
         self.watch.start()
         op = self._begin(OpKind.START, None)
-        self.ops.run(op, startup.initial_start(self.parts, self.record, self.stop_request, op))
+        self.ops.run(op, self._initial_start(op))
+
+    async def _initial_start(self, op: Operation) -> None:
+        await startup.initial_start(self.parts, self.record, self.stop_request, op)
+        if self.record.refused_start is not None:  # a process not ours on a managed GPU
+            self._start_retry = asyncio.create_task(
+                startup.retry_refused_start(
+                    self.parts, self.record, self.stop_request, self.submit_start
+                ),
+                name="start-retry",
+            )
 
     @property
     def shutdown_requested(self) -> bool:
@@ -221,6 +233,8 @@ class Supervisor(SupervisorReads):
                 await asyncio.wait({task})  # ends at its next phase boundary
             await self.watch.stop()
             await effect.at_shutdown(self.parts)  # an effect being measured: interrupted
+            if self._start_retry is not None:
+                self._start_retry.cancel()
             op = Operation(kind=OpKind.SHUTDOWN)
             if not keep_server:
                 self.ops.keep(op)
@@ -231,7 +245,8 @@ class Supervisor(SupervisorReads):
             await self.health.aclose()
             await self.parts.control.aclose()
             await self.router.aclose()
-            self.probe.close()
+            # The slurm launcher's probe ends its per-node presence step (seconds at most).
+            await asyncio.to_thread(self.probe.close)
             # SGLang's warm resolution helpers (server.python): nothing of ours outlives
             # the daemon, not even for the seconds a helper takes to notice EOF.
             await asyncio.to_thread(default_resolver().close)
@@ -379,8 +394,15 @@ class Supervisor(SupervisorReads):
         return plan_inputs(self.parts, self.record, self.view())
 
     def sample_gpus(self) -> list[GpuSample]:
-        """The managed GPUs now (blocking: call it from a worker thread).
+        """The managed GPUs now (blocking: call it from a worker thread); under a probe
+        across Slurm nodes, each node's last sample (a scrape never waits on a node).
         Raises ``GpuQueryError``."""
+        recent = getattr(self.parts.probe, "recent", None)
+        if recent is not None:
+            got = recent(self.record.gpu_indices())
+            if got.errors:
+                raise GpuQueryError("; ".join(sorted(set(got.errors.values()))))
+            return list(got.samples)
         return self.parts.probe.sample(self.record.gpu_indices())
 
     async def gpu_status(self) -> list[dict[str, Any]]:

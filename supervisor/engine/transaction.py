@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from sglang_supervisor.engine import effect, routing
 from sglang_supervisor.engine.boundaries import Cancelled, checkpoint, pause
@@ -225,6 +226,7 @@ async def recover(
     t = parts.settings.timeouts
     while True:
         crashes = record.note_crash(parts.clock(), t.crash_loop_window_s)
+        parts.journal.record_crashes(*record.crash_history(parts.clock(), time.time()))
         if record.state != S.BACKOFF and record.server is not None:
             # Crashed or hung: out of the router first (a dead server's removal never
             # waits on the server; a router that does not answer is reported, not awaited).
@@ -258,6 +260,7 @@ async def recover(
             await routing.join(parts, record, op)
             if op.kind == OpKind.RECOVER:
                 record.recovered()
+                parts.journal.record_crashes(*record.crash_history(parts.clock(), time.time()))
             # Serving again with these levers proves them good (and gives a first
             # start that needed retries its last-good set).
             await commit(parts, record, op, record.levers)

@@ -205,7 +205,7 @@ async def validate_with_sglang(
     )
     if collisions:
         raise LeverError([LeverProblem(lever, msg) for lever, msg in collisions])
-    nodes = check_node_levers(checked.levers, parts.settings.server.launcher, len(record.managed))
+    nodes = check_node_levers(checked.levers, parts.settings.server.launcher, record.managed)
     if nodes:
         raise LeverError([LeverProblem(lever, message) for lever, message in nodes])
     detail = (

@@ -127,6 +127,10 @@ class SupervisorView:
     #: id, measuring or judged; and the effects judged so far, by verdict.
     effect: Mapping[str, Any] | None = None
     effect_counts: Mapping[str, int] = field(default_factory=dict)
+    #: The slurm launcher's own status (``SlurmProcessOps.status_json``); None elsewhere.
+    slurm: Mapping[str, Any] | None = None
+    #: Why the daemon's own start is refused while start-up retries it (None: it is not).
+    start_refused: str | None = None
 
     @property
     def gpu_indices(self) -> list[int]:
@@ -173,6 +177,10 @@ class SupervisorView:
             "probation": None if self.probation is None else dict(self.probation),
             "sglang_cache": None if self.sglang_cache is None else dict(self.sglang_cache),
             "effect": None if self.effect is None else dict(self.effect),
+            # The daemon's start refused by a process not ours on a GPU, retried meanwhile.
+            "start_refused": self.start_refused,
+            # The allocation, the per-node presence and the steps it made (docs/slurm.md).
+            **({"slurm": dict(self.slurm)} if self.slurm is not None else {}),
             # drift (config vs serving) and levers_config: engine/desired.py
             **(
                 {}
@@ -198,6 +206,8 @@ def nodes_of(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
         node["gpus"].append(g["index"])
         for key in ("memory_used_bytes", "memory_total_bytes"):
             node[key] += g.get(key) or 0
+        if "sample_age_s" in g:  # the node's last sample (supervisor/slurm/probe.py)
+            node["sample_age_s"] = max(node.get("sample_age_s", 0.0), g["sample_age_s"])
     return list(nodes.values())
 
 
@@ -263,6 +273,10 @@ def snapshot(parts: Parts, record: ReadRecord, ops: OperationRegistry) -> Superv
         sglang_cache=_cache_json(parts, record),
         effect=effect_view(parts.effects.last),
         effect_counts=frozen_map(parts.effects.counts),
+        slurm=None
+        if (launcher := getattr(parts.procs, "status_json", None)) is None
+        else launcher(),
+        start_refused=record.refused_start,
     )
 
 
@@ -325,25 +339,42 @@ async def gpu_status(
     parts: Parts, record: ReadRecord, members_cache: MembersCache
 ) -> list[dict[str, Any]]:
     """``/status``'s ``gpus``: memory, baseline and processes (ours or not) per GPU."""
-    try:
-        samples = await asyncio.to_thread(parts.probe.sample, record.gpu_indices())
-        members = await members_cache.get(parts, record)
-    except GpuQueryError as exc:
-        return [{"index": g.index, "uuid": g.uuid, "error": str(exc)} for g in record.managed]
-    return [
-        {
-            "index": s.index,
-            "uuid": s.uuid,
-            "name": s.name,
-            "memory_used_bytes": s.memory_used_bytes,
-            "memory_total_bytes": s.memory_total_bytes,
-            "baseline_bytes": record.baseline.get(s.index),
-            "processes": [
-                {"pid": p.pid, "used_bytes": p.used_bytes, "member": p.pid in members}
-                for p in s.processes
-            ],
-            # The Slurm node of a server spanning hosts (supervisor/slurm/probe.py).
-            **({"node": s.node} if s.node else {}),
-        }
+    errors: Mapping[int, str] = {}
+    recent = getattr(parts.probe, "recent", None)
+    if recent is not None:
+        # A probe across Slurm nodes answers from each node's last sample, with its age:
+        # /status never waits on a node (supervisor/slurm/probe.py).
+        got = recent(record.gpu_indices())
+        samples, members, errors = got.samples, got.members, got.errors
+    else:
+        try:
+            samples = await asyncio.to_thread(parts.probe.sample, record.gpu_indices())
+            members = await members_cache.get(parts, record)
+        except GpuQueryError as exc:
+            return [{"index": g.index, "uuid": g.uuid, "error": str(exc)} for g in record.managed]
+    uuids = {g.index: g.uuid for g in record.managed}
+    entries: dict[int, dict[str, Any]] = {
+        i: {"index": i, "uuid": uuids.get(i), "error": why} for i, why in errors.items()
+    }
+    entries.update(
+        (
+            s.index,
+            {
+                "index": s.index,
+                "uuid": s.uuid,
+                "name": s.name,
+                "memory_used_bytes": s.memory_used_bytes,
+                "memory_total_bytes": s.memory_total_bytes,
+                "baseline_bytes": record.baseline.get(s.index),
+                "processes": [
+                    {"pid": p.pid, "used_bytes": p.used_bytes, "member": p.pid in members}
+                    for p in s.processes
+                ],
+                # The Slurm node of a server spanning hosts (supervisor/slurm/probe.py).
+                **({"node": s.node} if s.node else {}),
+                **({"sample_age_s": round(s.age_s, 3)} if s.age_s is not None else {}),
+            },
+        )
         for s in samples
-    ]
+    )
+    return [entries[i] for i in record.gpu_indices() if i in entries]

@@ -89,6 +89,12 @@ class Watcher:
             except Exception:  # a bug; the watch must go on
                 log.exception("watch tick failed")
 
+    def _stuck(self, handle: ServerHandle) -> str | None:
+        """A launcher that spans nodes sees a stuck node before the leader's probes fail
+        (``SlurmProcessOps.stuck``: the nodes' last samples, no wait)."""
+        stuck = getattr(self.parts.procs, "stuck", None)
+        return None if stuck is None else stuck(handle)
+
     def _watching(self) -> bool:
         record = self.record
         return self.ops.current is None and record.state == S.READY and record.server is not None
@@ -99,6 +105,8 @@ class Watcher:
         server = self.record.server
         if self._watching() and server is not None and server.handle.poll():
             self.on_crash("crash", await exit_reason(server.handle, "while ready"))
+        elif self._watching() and server is not None and (why := self._stuck(server.handle)):
+            self.on_crash("hung", f"hung: {why}")
         self._liveness_tick(now)
         if now >= self._next_telemetry and (self._telemetry is None or self._telemetry.done()):
             self._next_telemetry = now + TELEMETRY_INTERVAL_S
@@ -157,10 +165,14 @@ class Watcher:
         )
         if self.liveness_failures >= t.liveness_failures:
             self.liveness_failures = 0
+            # A launcher that spans nodes names the node that holds the group up.
+            diagnose = getattr(self.parts.procs, "node_diagnosis", None)
+            server = self.record.server
+            nodes = None if diagnose is None or server is None else diagnose(server.handle)
             self.on_crash(
                 "hung",
                 f"hung: {t.liveness_failures} consecutive liveness probes failed "
-                f"(last: {probe.detail})",
+                f"(last: {probe.detail})" + (f"; {nodes}" if nodes else ""),
             )
 
     async def _read_telemetry(self) -> None:

@@ -46,6 +46,9 @@ class GpuSample:
     processes: tuple[GpuProcess, ...]
     #: The Slurm node the GPU is on, for a server spanning nodes (None: this host).
     node: str | None = None
+    #: How old the sample is when it is a node's last one rather than taken now
+    #: (``sglang_supervisor.slurm.probe``: ``/status`` never waits on a node); None: now.
+    age_s: float | None = None
 
 
 class GpuProbe(Protocol):

@@ -10,8 +10,8 @@ scrape time by a collector; durations are histograms observed when an operation 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -41,6 +41,49 @@ def phase_label(name: str) -> str | None:
     return str(base) if base in TIMED_PHASES else None
 
 
+def _slurm(slurm: Mapping[str, Any]) -> Iterator[Metric]:
+    """The slurm launcher's (``/status`` ``slurm``): how old each node's last sample is,
+    the job steps made and the ones Slurm refused, and whether this allocation can still
+    host the server. Labels: the allocation's nodes, kind ``presence``/``server``."""
+    presence = slurm.get("presence") or {}
+    steps = slurm.get("server_steps") or {}
+    age = GaugeMetricFamily(
+        f"{PREFIX}_slurm_node_sample_age_seconds",
+        "Age of each node's last sample (GPUs, RAM, our processes) from the per-node presence",
+        labels=["node"],
+    )
+    for node, seconds in (presence.get("sample_age_s") or {}).items():
+        age.add_metric([str(node)], float(seconds))
+    yield age
+    yield GaugeMetricFamily(
+        f"{PREFIX}_slurm_presence_up",
+        "1 while the per-node presence step runs and every node has sampled",
+        value=1.0 if presence.get("state") == "up" else 0.0,
+    )
+    made = CounterMetricFamily(
+        f"{PREFIX}_slurm_steps_made",
+        "Job steps this daemon made: the per-node presence's launches, the server's steps",
+        labels=["kind"],
+    )
+    made.add_metric(["presence"], float(presence.get("launches", 0)))
+    made.add_metric(["server"], float(steps.get("made", 0)))
+    yield made
+    refused = CounterMetricFamily(
+        f"{PREFIX}_slurm_step_refusals",
+        "Job steps Slurm refused to create (the job's step limit, a controller down)",
+        labels=["kind"],
+    )
+    refused.add_metric(["presence"], float(presence.get("refusals", 0)))
+    refused.add_metric(["server"], float(steps.get("refused", 0)))
+    yield refused
+    yield GaugeMetricFamily(
+        f"{PREFIX}_slurm_allocation_unusable",
+        "1 once Slurm refuses this job's steps for good (its step limit, the job gone) or "
+        "twice in a row: the daemon exits (status 4) for a fresh allocation",
+        value=1.0 if slurm.get("allocation_unusable") else 0.0,
+    )
+
+
 class _Collector(Collector):
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
@@ -66,6 +109,12 @@ class _Collector(Collector):
             f"{PREFIX}_server_up",
             "1 while the server is ready (answered /health_generate)",
             value=1.0 if view.state == ServerState.READY else 0.0,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_start_refused",
+            "1 while the daemon's own start is refused by a process not ours on a managed "
+            "GPU (retried with back-off; /status start_refused says which)",
+            value=1.0 if view.start_refused else 0.0,
         )
         restarts = CounterMetricFamily(
             f"{PREFIX}_restarts",
@@ -97,6 +146,8 @@ class _Collector(Collector):
         yield from self._server(view)
         yield from self._router(view)
         yield from _effect(view)
+        if view.slurm is not None:
+            yield from _slurm(view.slurm)
 
     def _router(self, view: SupervisorView) -> Iterator[Metric]:
         """The router integration: whether the server is in the router (only with

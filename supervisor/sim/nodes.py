@@ -1,6 +1,6 @@
 """The simulated server on several nodes (``--nnodes N --node-rank i --dist-init-addr
 host:port``), shaped like SGLang 0.5.23 there (docs/design.md "Servers that span several
-hosts"):
+hosts", docs/slurm.md):
 
 * every node runs its share of the ranks, ``tp × pp / nnodes``, on its own visible GPUs
   (per Slurm node: ``SGLANG_SIM_GPU_DIR_PER_NODE``, ``sglang_supervisor.sim.flags``);
@@ -13,9 +13,19 @@ hosts"):
   nodes ≥ 1 (``WorkerNode``) serve nothing here (SGLang's dummy health server is left out:
   every simulated node shares one host's ports), log and ignore SIGTERM, and exit when
   the leader broadcasts its shutdown at the end of its graceful exit;
-* a node whose rank dies exits 1 (with ``srun --kill-on-bad-exit`` the step ends); when
-  the leader vanishes without its broadcast, the other nodes hang until a watchdog
-  (``SGLANG_SIM_NODE_WATCHDOG_S``, 30 s) ends them with exit 1, as NCCL's would.
+* every node takes part in every step of the leader's scheduler, as a collective: SGLang's
+  scheduler broadcasts its input to every TP rank on each pass of its loop, busy or idle
+  (``srt/managers/scheduler_components/request_receiver.py:80-101``, SGLang 0.5.23), and
+  each forward is a collective over all ranks. So node 0 waits on every node at each tick
+  and before it calls itself ready (its warm-up: every node's ranks are up): a frozen node
+  (SIGSTOP, an NCCL hang, a D-state) stalls generation and ``/health_generate``, which
+  answers 503 after SGLang's ``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s,
+  ``srt/entrypoints/http_server.py:218``); a SIGTERM then waits behind the stalled
+  collective, as SGLang's drain would; a node gone from it fails node 0 (exit 1);
+* a node whose rank dies exits 1 (with ``srun --kill-on-bad-exit`` the step ends); a
+  collective that waits longer than ``SGLANG_SIM_NODE_WATCHDOG_S`` (30 s) fails node 0 with
+  exit 1, and when the leader vanishes without its broadcast the other nodes hang until
+  the same watchdog ends them with exit 1, as NCCL's would.
 
 The rendezvous is newline-delimited JSON over one TCP connection per node.
 """
@@ -26,6 +36,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass, fields
 from types import FrameType
@@ -37,7 +48,7 @@ from sglang_supervisor.sim import capacity
 from sglang_supervisor.sim.children import Children, ServerFailure
 from sglang_supervisor.sim.flags import ServerConfig, SimEnv, log
 from sglang_supervisor.sim.gpus import holds_memory, read_registry
-from sglang_supervisor.sim.lifecycle import Launcher
+from sglang_supervisor.sim.lifecycle import Launcher, Phase
 
 UNBALANCED = "The memory capacity is unbalanced. Some GPUs may be occupied by other processes."
 
@@ -94,6 +105,12 @@ def dirty_gpus(env: SimEnv, layout: Layout) -> list[str]:
     ]
 
 
+def _sleep_until(until: float) -> bool:
+    """A wait for ``Children.wait_registered`` on a node that ignores stop signals."""
+    time.sleep(max(0.0, min(0.02, until - time.monotonic())))
+    return False
+
+
 def _send(conn: socket.socket, message: dict[str, Any]) -> None:
     conn.sendall(json.dumps(message).encode() + b"\n")
 
@@ -118,6 +135,12 @@ class GroupLeader(Launcher):
         super().__init__(cfg, env, model)
         self.node = cfg
         self._peers: list[socket.socket] = []
+        #: Each peer's node rank and what it sent that was not read yet.
+        self._ranks: dict[socket.socket, int] = {}
+        self._buffers: dict[socket.socket, bytearray] = {}
+        #: Collectives every node took part in (``/health_generate`` waits for the next).
+        self._rounds = 0
+        self._round_done = threading.Condition()
 
     def _check_gpus(self) -> None:
         super()._check_gpus()
@@ -153,6 +176,8 @@ class GroupLeader(Launcher):
                     continue
                 reports[int(hello["node_rank"])] = list(hello.get("dirty", []))
                 self._peers.append(conn)
+                self._ranks[conn] = int(hello["node_rank"])
+                self._buffers[conn] = bytearray()
         finally:
             server.close()
         dirty = {rank: d for rank, d in reports.items() if d}
@@ -163,6 +188,66 @@ class GroupLeader(Launcher):
             where = "; ".join(f"node {rank}: {', '.join(d)}" for rank, d in sorted(dirty.items()))
             raise ServerFailure([f"RuntimeError: {UNBALANCED} ({where})"], "TP0")
         log(f"All {self.node.nnodes} nodes at the rendezvous", "TP0")
+
+    def _collective(self) -> None:
+        """One step every node takes part in (module docstring): node 0 waits for each."""
+        n = self._rounds + 1
+        watchdog = _seconds("SGLANG_SIM_NODE_WATCHDOG_S", 30.0)
+        deadline = time.monotonic() + watchdog
+        for conn in self._peers:
+            rank = self._ranks[conn]
+            try:
+                _send(conn, {"step": n})
+                while True:
+                    conn.settimeout(max(0.01, deadline - time.monotonic()))
+                    message = _recv(conn, self._buffers[conn])
+                    if message is None:
+                        raise ServerFailure(
+                            [f"RuntimeError: node {rank} left a collective: a rank there is gone"],
+                            "TP0",
+                        )
+                    if message.get("ack") == n:
+                        break
+            except TimeoutError:
+                raise ServerFailure(
+                    [
+                        f"Watchdog caught collective operation timeout: node {rank} took no "
+                        f"part for {watchdog:g}s"
+                    ],
+                    "TP0",
+                ) from None
+            except OSError as exc:
+                raise ServerFailure(
+                    [f"RuntimeError: node {rank} left a collective: {exc}"], "TP0"
+                ) from exc
+        with self._round_done:
+            self._rounds = n
+            self._round_done.notify_all()
+
+    def _tick(self) -> None:
+        if self._peers and self.phase in (Phase.READY, Phase.DRAINING):
+            self._collective()
+        super()._tick()
+
+    def _set_phase(self, new: Phase, reason: str) -> None:
+        if new is Phase.READY and self._peers:
+            self._collective()  # the warm-up: every node's ranks take part
+        super()._set_phase(new, reason)
+
+    def health(self, generate: bool) -> tuple[int, str]:
+        """/health_generate is a generation: it waits for the next collective, up to
+        SGLang's health-check timeout, then answers 503 as SGLang does."""
+        if generate and self.phase is Phase.READY and self.healthy and self._peers:
+            timeout = _seconds("SGLANG_HEALTH_CHECK_TIMEOUT", 20.0)
+            with self._round_done:
+                seen = self._rounds
+                if not self._round_done.wait_for(lambda: self._rounds > seen, timeout):
+                    log(
+                        "Health check failed. Server couldn't get a response from detokenizer "
+                        f"for last {timeout:g} seconds."
+                    )
+                    return 503, "unhealthy"
+        return super().health(generate)
 
     def run(self) -> int:
         rc = super().run()
@@ -239,6 +324,8 @@ class WorkerNode:
         layout = cfg.layout
         gpus = [self.env.visible_gpus[layout.gpu_id(r)] for r in range(layout.ranks)]
         self.children.spawn(gpus, self.rank_bytes)
+        # Its ranks take part in collectives once they are up (node 0's warm-up waits).
+        self.children.wait_registered(_sleep_until)
         log(f"{len(gpus)} ranks started on node {cfg.node_rank}", self.who)
         conn.settimeout(0.1)
         buffer = bytearray()
@@ -264,6 +351,8 @@ class WorkerNode:
                 log("Lost node 0 without a shutdown: waiting in the collective", self.who)
                 orphaned_at = time.monotonic()
                 continue
+            if "step" in message:  # this node's part in node 0's collective
+                _send(conn, {"ack": message["step"]})
             if message.get("shutdown"):
                 log("Shutdown broadcast from node 0: stopping", self.who)
                 self.children.stop(5.0)

@@ -13,6 +13,10 @@ import re
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sglang_supervisor.slurm.settings import SlurmSettings
 
 
 class NotInAllocation(RuntimeError):
@@ -61,13 +65,13 @@ def require_allocation(
             "`sbatch -N2 deploy/slurm/sglang-supervisor.sbatch` (docs/slurm.md), or set "
             'server.launcher = "local"'
         )
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not nodelist:
-        out = _run([scontrol, "show", "job", job], timeout)
-        found = re.search(r"\bNodeList=(\S+)", out)
-        if found is None:
-            raise NotInAllocation(f"scontrol show job {job} names no NodeList: {out[:300]}")
-        nodelist = found.group(1)
+    # Slurm's own record of the job: inside a job step (a replica's daemon run with srun)
+    # SLURM_JOB_NODELIST may be the step's nodes, not the allocation's.
+    out = _run([scontrol, "show", "job", job], timeout)
+    found = re.search(r"\bNodeList=(\S+)", out)
+    if found is None:
+        raise NotInAllocation(f"scontrol show job {job} names no NodeList: {out[:300]}")
+    nodelist = found.group(1)
     names = tuple(_run([scontrol, "show", "hostnames", nodelist], timeout).split())
     if not names:
         raise NotInAllocation(f"allocation {job}: no node in its node list {nodelist!r}")
@@ -79,3 +83,18 @@ def node_address(name: str, scontrol: str = "scontrol", timeout: float = 30.0) -
     out = _run([scontrol, "show", "node", name], timeout)
     found = re.search(r"\bNodeAddr=(\S+)", out)
     return found.group(1) if found else name
+
+
+def share_of(allocation: Allocation, slurm: SlurmSettings) -> Allocation:
+    """This daemon's share of ``allocation`` (``slurm.first_node``, ``slurm.node_count``:
+    replicas in one allocation); raises ``NotInAllocation`` when it has no node there."""
+    start = slurm.first_node
+    end = start + slurm.node_count if slurm.node_count else len(allocation.nodes)
+    nodes = allocation.nodes[start:end]
+    if not nodes or end > len(allocation.nodes):
+        raise NotInAllocation(
+            f"slurm.first_node {start}, slurm.node_count {slurm.node_count}: the allocation "
+            f"(job {allocation.job_id}) has {len(allocation.nodes)} nodes "
+            f"({', '.join(allocation.nodes)}); give each replica's daemon nodes within it"
+        )
+    return Allocation(allocation.job_id, nodes)

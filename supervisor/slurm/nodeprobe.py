@@ -8,8 +8,8 @@ Prints one JSON line about this node (``SLURMD_NODENAME``):
   ``gpu_error`` instead when the query failed (never read as "free");
 * ``members``: the pids carrying our launch tag (``--tag`` exactly, or ``--tag-prefix``,
   less ``--exclude-tag``);
-* with ``--signal-leader SIG``, on the probe's first node only (the server step's node 0):
-  the pids of the step's task there (tagged ``--tag``, child of ``slurmstepd``: the
+* with ``--signal-leader SIG``, on the request's first node only (the server step's node
+  0): the pids of the step's task there (tagged ``--tag``, child of ``slurmstepd``: the
   server's launcher, which ``sglang_supervisor.slurm.task`` execs) that got ``SIG``, under
   ``signalled``;
 * with ``--port-holders PORT``: the pids listening on that TCP port, under
@@ -17,7 +17,9 @@ Prints one JSON line about this node (``SLURMD_NODENAME``):
 * with ``--sweep``: every member of this node SIGKILLed (no grace: only processes left
   behind by an ended step are swept) and waited for, under ``sweep``.
 
-Exit 0 whenever it could answer; the caller reads the answer.
+Run by itself it prints one answer and exits 0 whenever it could answer (a tool for an
+operator); the daemon asks the same questions of every node through the presence's
+long-lived task (``sglang_supervisor.slurm.agent``), which answers with ``answer``.
 """
 
 from __future__ import annotations
@@ -35,10 +37,13 @@ from typing import Any
 import psutil
 
 from sglang_supervisor.host.gpu import GpuProbe, GpuQueryError
-from sglang_supervisor.host.process import find_members
+from sglang_supervisor.host.process import TAG_ENV
+
+_TAG_KEY = TAG_ENV.encode()
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
+    """The options of one question (the same for a request to the agent)."""
     p = argparse.ArgumentParser(prog="python -m sglang_supervisor.slurm.nodeprobe")
     p.add_argument("--sim-registry", help="base directory of the simulated GPUs' registry")
     p.add_argument("--sim-gpus", type=int, default=8)
@@ -87,29 +92,70 @@ def gpus_json(probe: GpuProbe) -> list[dict[str, Any]]:
     ]
 
 
-def _other_node(pid: int, node: str) -> bool:
-    """Whether ``pid`` runs for another Slurm node (its ``SLURMD_NODENAME``): several
-    ``slurmd`` of a test cluster share one host, and each node answers for its own."""
+#: One look at this node's processes: ``(pid, launch tag)`` of every tagged process of
+#: this node (``scan``), shared by a question's sample and its answer.
+Scan = list[tuple[int, str]]
+
+
+def _tag_and_node(pid: int) -> tuple[str | None, str | None]:
+    """``TAG_ENV`` and ``SLURMD_NODENAME`` from ``pid``'s environment (one read)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read().split(b"\0")
+            data = f.read()
     except OSError:
+        return None, None
+    tag = node = None
+    for item in data.split(b"\0"):
+        key, _, value = item.partition(b"=")
+        if key == _TAG_KEY:
+            tag = value.decode(errors="replace")
+        elif key == b"SLURMD_NODENAME":
+            node = value.decode(errors="replace")
+    return tag, node
+
+
+def scan(node: str | None = None) -> Scan:
+    """Every tagged process of this node: one read of each environment, nothing more
+    (several ``slurmd`` of a test cluster share one host: a process whose
+    ``SLURMD_NODENAME`` is another node's is left out; one with none is this node's)."""
+    node = node or node_name()
+    me = os.getpid()
+    out: Scan = []
+    for pid in psutil.pids():
+        if pid == me:
+            continue
+        tag, owner = _tag_and_node(pid)
+        if tag is not None and not (owner and owner != node):
+            out.append((pid, tag))
+    return out
+
+
+def _matches(tag: str, want: str | None, prefix: str | None, exclude: str | None) -> bool:
+    if exclude is not None and tag == exclude:
         return False
-    key = b"SLURMD_NODENAME="
-    names = [item[len(key) :].decode(errors="replace") for item in env if item.startswith(key)]
-    return bool(names) and names[0] != node
+    return (want is not None and tag == want) or (prefix is not None and tag.startswith(prefix))
 
 
-def node_members(**tags: str | None) -> list[int]:
-    """Our tagged processes on this node."""
-    node = node_name()
-    return sorted(p for p in find_members(None, **tags) if not _other_node(p, node))
+def node_members(found: Scan | None = None, **tags: str | None) -> list[int]:
+    """Our tagged processes on this node that have not exited (``tag`` exactly, or
+    ``tag_prefix``, less ``exclude_tag``), from ``found`` (a scan) or a new one."""
+    want, prefix, exclude = tags.get("tag"), tags.get("tag_prefix"), tags.get("exclude_tag")
+    out = []
+    for pid, tag in scan() if found is None else found:
+        if not _matches(tag, want, prefix, exclude):
+            continue
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.Error:
+            continue
+    return sorted(out)
 
 
-def step_tasks(tag: str) -> list[int]:
+def step_tasks(tag: str, found: Scan | None = None) -> list[int]:
     """Our launch's tasks on this node: tagged ``tag``, children of ``slurmstepd``."""
     out = []
-    for pid in node_members(tag=tag):
+    for pid in node_members(found, tag=tag):
         try:
             parent = psutil.Process(pid).parent()
             if parent is not None and parent.name().startswith("slurmstepd"):
@@ -140,27 +186,74 @@ def sweep(pids: list[int], kill_timeout_s: float) -> dict[str, Any]:
     return {"members": pids, "sigkill_sent": [p.pid for p in procs], "survivors": survivors}
 
 
+def _listening_inodes(port: int) -> set[str]:
+    """Socket inodes listening on TCP ``port`` (``/proc/net/tcp``, ``tcp6``: cheap)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    cols = line.split()
+                    # local address "ADDR:PORT" in hex, state 0A is LISTEN
+                    if (
+                        len(cols) > 9
+                        and cols[3] == "0A"
+                        and int(cols[1].rsplit(":", 1)[1], 16) == port
+                    ):
+                        inodes.add(cols[9])
+        except (OSError, ValueError):
+            continue
+    return inodes
+
+
 def port_holders(port: int) -> list[int]:
-    """Pids listening on TCP ``port`` on this node (-1: one we may not see)."""
-    return sorted(
-        {
-            c.pid if c.pid is not None else -1
-            for c in psutil.net_connections(kind="tcp")
-            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-        }
-    )
+    """Pids listening on TCP ``port`` on this node (-1: one we may not see). The socket
+    tables first: only a port that is listened on costs a look at every process's fds."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return []
+    wanted = {f"socket:[{i}]" for i in inodes}
+    holders: set[int] = set()
+    for pid in psutil.pids():
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                    holders.add(pid)
+                    break
+            except OSError:
+                continue
+    return sorted(holders) or [-1]
 
 
-def answer(ns: argparse.Namespace) -> dict[str, Any]:
+def answer(
+    ns: argparse.Namespace,
+    probe: GpuProbe | None = None,
+    *,
+    first: bool | None = None,
+    found: Scan | None = None,
+) -> dict[str, Any]:
+    """This node's answer to ``ns``. ``probe``: the GPU probe to use (the agent keeps one
+    open for its life), else one opened and closed here; ``first``: whether this node is
+    the request's first (the server step's node 0, the one ``--signal-leader`` signals),
+    else Slurm's node id of this task says; ``found``: a scan of this node's processes
+    taken for this question (else one is taken here)."""
+    if first is None:
+        first = os.environ.get("SLURM_NODEID", "0") == "0"
     out: dict[str, Any] = {"node": node_name()}
     tags = {"tag": ns.tag, "tag_prefix": ns.tag_prefix, "exclude_tag": ns.exclude_tag}
     if ns.tag or ns.tag_prefix:  # before any signal: the members as they were
-        out["members"] = node_members(**tags)
-    # Only the probe's first task signals: its node is the server step's node 0.
-    if ns.signal_leader and ns.tag and os.environ.get("SLURM_NODEID", "0") == "0":
+        found = scan() if found is None else found
+        out["members"] = node_members(found, **tags)
+    # Only the request's first node signals: the server step's node 0.
+    if ns.signal_leader and ns.tag and first:
         sig = signal.Signals["SIG" + ns.signal_leader]
         sent = []
-        for pid in step_tasks(ns.tag):
+        for pid in step_tasks(ns.tag, found):
             try:
                 os.kill(pid, sig)
                 sent.append(pid)
@@ -172,18 +265,20 @@ def answer(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.port_holders:
         out["port_holders"] = port_holders(ns.port_holders)
     if not ns.no_gpus:
-        probe = gpu_probe(ns)
+        own = probe is None
+        use = gpu_probe(ns) if probe is None else probe
         try:
-            out["gpus"] = gpus_json(probe)
+            out["gpus"] = gpus_json(use)
         except GpuQueryError as exc:
             out["gpu_error"] = str(exc)
         finally:
-            probe.close()
+            if own:
+                use.close()
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    ns = parser().parse_args(argv)
     print(json.dumps(answer(ns), separators=(",", ":")), flush=True)
     return 0
 

@@ -1,14 +1,15 @@
-"""Wiring the slurm launcher: the allocation, the per-node probe, the merged GPU probe."""
+"""Wiring the slurm launcher: the allocation, the per-node presence, the merged GPU probe."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_supervisor.config import Settings
+from sglang_supervisor.config import Settings, instance_tag_prefix
 from sglang_supervisor.host.backend import Backend
-from sglang_supervisor.slurm.allocation import require_allocation
+from sglang_supervisor.slurm.allocation import require_allocation, share_of
 from sglang_supervisor.slurm.launcher import SlurmProcessOps
-from sglang_supervisor.slurm.probe import NodeRunner, SlurmGpuProbe
+from sglang_supervisor.slurm.presence import Presence
+from sglang_supervisor.slurm.probe import SlurmGpuProbe
 
 
 def slurm_backend(
@@ -18,7 +19,7 @@ def slurm_backend(
     node under ``<registry>/<node>``), and the ``ProcessOps`` launching one job step.
 
     Raises ``NotInAllocation`` outside a Slurm allocation."""
-    allocation = require_allocation(settings.slurm.scontrol)
+    allocation = share_of(require_allocation(settings.slurm.scontrol), settings.slurm)
     probe_args: tuple[str, ...] = ()
     if backend.name == "simulated":
         sim = settings.sim
@@ -33,7 +34,14 @@ def slurm_backend(
             "--sim-baseline-mib",
             str(sim.baseline_mib),
         )
-    runner = NodeRunner(settings.slurm, allocation.job_id, allocation.nodes, probe_args)
-    backend.probe = SlurmGpuProbe(runner, backend.probe.kind)
-    procs = SlurmProcessOps(settings.slurm, allocation, runner, cwd=cwd)
+    presence = Presence(
+        settings.slurm,
+        allocation.job_id,
+        allocation.nodes,
+        probe_args,
+        tag_prefix=instance_tag_prefix(settings),
+    )
+    probe = SlurmGpuProbe(presence, backend.probe.kind)
+    backend.probe = probe
+    procs = SlurmProcessOps(settings.slurm, allocation, presence, cwd=cwd, probe=probe)
     return backend, procs

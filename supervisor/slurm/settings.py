@@ -9,10 +9,13 @@ one host: ``nnodes`` > 1 is refused there.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from sglang_supervisor.host.gpu import GpuInfo
 
 Launcher = Literal["local", "slurm"]
 
@@ -33,8 +36,20 @@ class SlurmSettings(BaseModel):
     #: Extra options of the per-node probes' ``srun --overlap``: where cgroups hide the
     #: GPUs from a step without them (``ConstrainDevices``), e.g. ``["--gres=gpu:8"]``.
     probe_args: list[str] = Field(default_factory=list)
-    #: How long one per-node probe or sweep (``srun --overlap``) may take.
-    probe_timeout_s: float = Field(30.0, gt=0)
+    #: How long one question to the nodes (through the per-node presence) may take: less
+    #: than a Prometheus scrape's 10 s, so a sick node holds nothing up for longer.
+    probe_timeout_s: float = Field(5.0, gt=0)
+    #: How often each node's presence samples its GPUs, RAM and our processes: what
+    #: ``/status`` and ``/metrics`` show (with its age), never waiting on a node.
+    sample_interval_s: float = Field(1.0, gt=0, le=60)
+    #: A node of the server's step whose processes are stopped, in D state or gone this
+    #: long is stuck: the whole group is recovered, naming the node.
+    stuck_after_s: float = Field(10.0, gt=0)
+    #: Replicas in one allocation (one daemon and server per node or group of nodes):
+    #: this daemon's share is ``node_count`` of the allocation's nodes (0: all the rest)
+    #: from the one at index ``first_node`` (its server's node 0).
+    first_node: int = Field(0, ge=0)
+    node_count: int = Field(0, ge=0)
 
 
 #: The levers the slurm launcher owns, and why.
@@ -89,8 +104,9 @@ def node_lever_problems(
             (
                 "nnodes",
                 f"--nnodes {nnodes} is more than the {allocation_nodes} nodes of this Slurm "
-                f"allocation (job {os.environ.get('SLURM_JOB_ID', '?')}); ask for at most "
-                f"{allocation_nodes}, or run the daemon in a larger allocation (sbatch -N)",
+                f"allocation (job {os.environ.get('SLURM_JOB_ID', '?')}; this daemon's share: "
+                f"slurm.first_node, slurm.node_count); ask for at most {allocation_nodes}, or "
+                "run the daemon in a larger allocation (sbatch -N)",
             )
         )
     ranks = _int(levers, "tp_size") * _int(levers, "pp_size")
@@ -120,14 +136,23 @@ def node_lever_problems(
 def check_node_levers(
     levers: Mapping[str, Any],
     launcher: Launcher,
-    managed_count: int,
+    managed: int | Sequence[GpuInfo],
     env: Mapping[str, str] | None = None,
 ) -> list[tuple[str, str]]:
-    """``node_lever_problems`` with this daemon's facts: the allocation's node count from
-    Slurm's environment, and its managed GPUs (every node's, ``sglang_supervisor.slurm.probe``)
-    shared evenly among the nodes."""
+    """``node_lever_problems`` with this daemon's facts: its nodes — those its managed GPUs
+    are on (``<node>/<uuid>``, every node of its share of the allocation,
+    ``sglang_supervisor.slurm.probe``), else the allocation's from Slurm's environment —
+    and its managed GPUs shared evenly among them."""
     from sglang_supervisor.slurm.allocation import allocation_nodes
 
-    nodes = allocation_nodes(env) if launcher == "slurm" else None
-    per_node = managed_count // nodes if nodes else None
+    count = managed if isinstance(managed, int) else len(managed)
+    nodes = None
+    if launcher == "slurm":
+        names = (
+            set()
+            if isinstance(managed, int)
+            else {g.uuid.partition("/")[0] for g in managed if "/" in g.uuid}
+        )
+        nodes = len(names) or allocation_nodes(env)
+    per_node = count // nodes if nodes else None
     return node_lever_problems(levers, launcher, allocation_nodes=nodes, gpus_per_node=per_node)

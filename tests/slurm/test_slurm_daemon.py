@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from sglang_supervisor.sim.gpus import sim_gpu_uuid
+from sglang_supervisor.slurm.presence import PRESENCE_NAME
 from tests.helpers import Daemon, free_port, tagged_processes, wait_until
 from tests.slurmkit import SlurmCluster
 
@@ -32,14 +33,24 @@ def slurm_daemon(
     gpus: int = 2,
     timeouts: dict[str, Any] | None = None,
     sim: dict[str, Any] | None = None,
+    slurm: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    cls: type[Daemon] = Daemon,
 ) -> Daemon:
-    d = Daemon(
+    # Short waits on the nodes: a sample every 0.5 s, a question answered within 3 s, a
+    # node stuck after 2 s (the shipped defaults are 1 s, 5 s, 10 s).
+    fast = {"sample_interval_s": 0.5, "probe_timeout_s": 3.0, "stuck_after_s": 2.0}
+    d = cls(
         tmp,
         gpus=gpus,
         sim=sim,
         levers={"model_path": "sim/llama", "mem_fraction_static": 0.85, **levers},
         timeouts={"ready_timeout_s": 60.0, "release_timeout_s": 30.0, **(timeouts or {})},
-        extra={"server": {"launcher": "slurm"}, "slurm": {"dist_init_port": free_port()}},
+        extra={
+            "server": {"launcher": "slurm"},
+            "slurm": {"dist_init_port": free_port(), **fast, **(slurm or {})},
+            **(extra or {}),
+        },
     )
     d.env = {"SLURM_CONF": str(cluster.conf), "SLURM_JOB_ID": job}
     return d
@@ -71,7 +82,7 @@ def stop_and_check(cluster: SlurmCluster, job: str, d: Daemon) -> None:
 
 def step_names(cluster: SlurmCluster, job: str) -> list[str]:
     out = cluster.run(["squeue", "-h", "-s", "-j", job, "-o", "%j"]).stdout.split()
-    return [n for n in out if n not in ("sglang-supervisor-probe", "batch")]
+    return [n for n in out if n not in (PRESENCE_NAME, "batch")]
 
 
 def server_info(d: Daemon) -> dict[str, Any]:
@@ -159,3 +170,39 @@ def test_foreign_process_on_the_second_nodes_gpu_is_named_with_its_node(
     finally:
         foreign.kill()
         foreign.wait(10)
+
+
+def test_a_dirty_gpu_at_start_is_said_and_the_start_retried_once_it_is_clean(
+    slurm_cluster: SlurmCluster, allocation: str, tmp_path: Path
+) -> None:
+    """A process not ours holds a GPU of n2 when the daemon starts: the state's reason
+    names it with its node (it said "daemon started"), /status start_refused and the
+    metric say so, and once it leaves the start is retried without an operator."""
+    foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    d = slurm_daemon(slurm_cluster, allocation, tmp_path, {"tp_size": 2})
+    registry = d.dir / "state" / "sim-gpus" / "n2"
+    registry.mkdir(parents=True)
+    entry = {
+        "pid": foreign.pid,
+        "create_time": psutil.Process(foreign.pid).create_time(),
+        "gpu_uuid": sim_gpu_uuid(1),
+        "bytes": 10 * 2**30,
+    }
+    (registry / f"{foreign.pid}.json").write_text(json.dumps(entry))
+    try:
+        d.start(wait_ready=False)
+        s = wait_until(
+            lambda: (s := d.status_or_none()) and s.get("start_refused") and s, 60, 0.1, "refused"
+        )
+        assert s["state"] == "stopped"
+        assert f"pid {foreign.pid} holds 10.0 GiB on GPU 3 (node n2)" in s["state_reason"]
+        assert "sglang_supervisor_start_refused 1.0" in d.client.get("/metrics").text
+        foreign.kill()
+        foreign.wait(10)
+        s = d.wait_state("ready", 60)
+        assert s["start_refused"] is None
+    finally:
+        if foreign.poll() is None:
+            foreign.kill()
+            foreign.wait(10)
+        stop_and_check(slurm_cluster, allocation, d)

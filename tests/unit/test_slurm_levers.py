@@ -4,6 +4,8 @@ are the launcher's; a server spanning hosts is refused on the local launcher."""
 
 from __future__ import annotations
 
+import pytest
+
 from sglang_supervisor.slurm.allocation import allocation_nodes
 from sglang_supervisor.slurm.settings import check_node_levers, node_lever_problems
 
@@ -80,3 +82,22 @@ def test_the_deploy_example_config_loads_and_its_levers_pass_the_node_rule() -> 
     assert settings.slurm.probe_args == ["--gres=gpu:8"]
     env = {"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "2"}
     assert check_node_levers(settings.server.levers, "slurm", 16, env) == []
+
+
+def test_a_replicas_share_of_the_allocation_is_its_nodes() -> None:
+    """Replicas in one allocation (docs/slurm.md): each daemon's share is its nodes, and
+    nnodes is checked against its share (its managed GPUs' nodes), not the allocation."""
+    from sglang_supervisor.host.gpu import GpuInfo
+    from sglang_supervisor.slurm.allocation import Allocation, NotInAllocation, share_of
+    from sglang_supervisor.slurm.settings import SlurmSettings
+
+    alloc = Allocation("7", ("n1", "n2", "n3", "n4"))
+    assert share_of(alloc, SlurmSettings(first_node=1, node_count=2)).nodes == ("n2", "n3")
+    assert share_of(alloc, SlurmSettings(first_node=3)).nodes == ("n4",)
+    with pytest.raises(NotInAllocation, match=r"has 4 nodes \(n1, n2, n3, n4\)"):
+        share_of(alloc, SlurmSettings(first_node=3, node_count=2))
+    managed = [GpuInfo(i, f"n2/GPU-{i}", "H200", 100) for i in range(8)]
+    env = {"SLURM_JOB_NUM_NODES": "4"}
+    [(lever, message)] = check_node_levers({"tp_size": 16, "nnodes": 2}, "slurm", managed, env)
+    assert lever == "nnodes" and "more than the 1 nodes" in message
+    assert check_node_levers({"tp_size": 8, "nnodes": 1}, "slurm", managed, env) == []

@@ -1,18 +1,19 @@
 """The merged GPU probe of the slurm launcher (supervisor/slurm/probe.py), on canned node
 answers: GPUs numbered node by node and named ``<node>/<uuid>``, samples carrying their
-node, a node that did not answer or failed its query never read as free GPUs; and the
-parsing of ``srun --label`` output, whose long lines srun cuts into labelled pieces."""
+node, a node that did not answer or failed its query never read as free GPUs, and what a
+reader gets without waiting: each node's last sample with its age (the presence itself,
+with srun's labelled pieces, is tests/unit/test_slurm_presence.py)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from sglang_supervisor.host.gpu import GpuQueryError, foreign_holders
-from sglang_supervisor.slurm.probe import NodeRunner, SlurmGpuProbe, parse_labelled
+from sglang_supervisor.slurm.presence import NodeSample, Presence
+from sglang_supervisor.slurm.probe import SlurmGpuProbe
 from sglang_supervisor.slurm.settings import SlurmSettings
 
 
@@ -30,22 +31,30 @@ def gpus(used: list[int], procs: dict[int, list[list[int]]] | None = None) -> li
     ]
 
 
-class CannedRunner(NodeRunner):
-    def __init__(self, answers: dict[str, Any]) -> None:
-        super().__init__(SlurmSettings(), "7", tuple(answers))
-        self.answers = answers
+class CannedPresence(Presence):
+    """Answers from ``answers``; the last samples are ``samples`` (taken at ``at``)."""
 
-    def run(self, extra: Sequence[str], nodes: Sequence[str] | None = None) -> dict[str, Any]:
+    def __init__(self, answers: dict[str, Any]) -> None:
+        super().__init__(SlurmSettings(), "7", tuple(answers), tag_prefix="t.", clock=lambda: 100.0)
+        self.answers = answers
+        self.samples: dict[str, NodeSample] = {}
+
+    def ask(
+        self, argv: Sequence[str], nodes: Sequence[str] | None = None, timeout: float | None = None
+    ) -> dict[str, Any]:
         use = list(nodes or self.nodes)
         missing = [n for n in use if n not in self.answers]
         if missing:
             raise GpuQueryError(f"node(s) {', '.join(missing)} did not answer")
         return {n: self.answers[n] for n in use}
 
+    def latest(self) -> dict[str, NodeSample]:
+        return dict(self.samples)
+
 
 def test_gpus_are_numbered_node_by_node_and_carry_their_node() -> None:
     probe = SlurmGpuProbe(
-        CannedRunner(
+        CannedPresence(
             {"n1": {"gpus": gpus([0, 0])}, "n2": {"gpus": gpus([0, 30], {1: [[42, 30]]})}}
         ),
         "nvml",
@@ -63,24 +72,33 @@ def test_gpus_are_numbered_node_by_node_and_carry_their_node() -> None:
 
 def test_a_failed_query_on_one_node_is_an_error_not_a_free_gpu() -> None:
     probe = SlurmGpuProbe(
-        CannedRunner({"n1": {"gpus": gpus([0])}, "n2": {"gpus": gpus([0])}}), "nvml"
+        CannedPresence({"n1": {"gpus": gpus([0])}, "n2": {"gpus": gpus([0])}}), "nvml"
     )
     probe.devices()
     # type: ignore[attr-defined]
-    probe.runner.answers["n2"] = {"gpu_error": "NVML: driver not loaded"}
+    probe.presence.answers["n2"] = {"gpu_error": "NVML: driver not loaded"}
     with pytest.raises(GpuQueryError, match="node n2: NVML: driver not loaded"):
         probe.sample([0, 1])
     with pytest.raises(GpuQueryError, match="GPU 5 does not exist"):
         probe.sample([5])
 
 
-def test_labelled_pieces_of_a_long_line_are_joined_per_task() -> None:
-    long = json.dumps({"node": "n2", "pad": "x" * 3000})
-    pieces = [long[i : i + 1024] for i in range(0, len(long), 1024)]
-    out = "\n".join(
-        [f"1: {pieces[0]}", '0: {"node": "n1"}', *(f"1: {p}" for p in pieces[1:]), "srun: noise"]
-    )
-    answers = parse_labelled(out, ["n1", "n2"])
-    assert answers["n1"] == {"node": "n1"}
-    assert answers["n2"]["pad"] == "x" * 3000
-    assert parse_labelled("0: {broken", ["n1"]) == {}
+def test_readers_get_each_nodes_last_sample_with_its_age() -> None:
+    presence = CannedPresence({"n1": {"gpus": gpus([0, 0])}, "n2": {"gpus": gpus([0, 0])}})
+    probe = SlurmGpuProbe(presence, "nvml")
+    probe.devices()
+    # Before any sample: each GPU says its node has not sampled, nothing is read as free.
+    first = probe.recent([0, 1, 2, 3])
+    assert first.samples == []
+    assert first.errors[2] == "node n2 has not sampled its GPUs yet (the per-node presence)"
+    presence.samples = {
+        "n1": NodeSample("n1", {"gpus": gpus([5, 0]), "procs": [[11, "t.a", "sleeping", 1]]}, 99.5),
+        "n2": NodeSample("n2", {"gpus": gpus([0, 7], {1: [[42, 7]]}), "procs": []}, 70.0),
+    }
+    got = probe.recent([0, 1, 2, 3])
+    assert [(s.index, s.node, s.memory_used_bytes, s.age_s) for s in got.samples] == [
+        (0, "n1", 5, 0.5), (1, "n1", 0, 0.5), (2, "n2", 0, 30.0), (3, "n2", 7, 30.0),
+    ]  # fmt: skip
+    assert got.members == {11} and not got.errors
+    presence.samples["n2"] = NodeSample("n2", {"gpu_error": "NVML: Unknown Error"}, 99.0)
+    assert probe.recent([3]).errors == {3: "node n2: NVML: Unknown Error"}
