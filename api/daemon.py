@@ -21,14 +21,11 @@ import contextlib
 import logging
 import logging.handlers
 import os
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
 
 from sglang_supervisor.config import Settings, instance_name
 from sglang_supervisor.diskspace import describe_os_error
@@ -52,10 +49,10 @@ from sglang_supervisor_api.reload import Reloader
 from sglang_supervisor_api.server_journal import server_log_forwarder
 from sglang_supervisor_api.slurm_daemon import (
     EXIT_ALLOCATION_UNUSABLE,
-    SlurmTwins,
     watch_allocation,
 )
 from sglang_supervisor_api.state_lock import StateDirBusy, lock_state_dir
+from sglang_supervisor_api.stopping import Stopping
 from sglang_supervisor_api.tls import check_tls
 
 log = logging.getLogger("supervisor")
@@ -97,74 +94,7 @@ async def _notify_when_listening(server: uvicorn.Server, sup: Supervisor) -> Non
         await asyncio.sleep(interval)
 
 
-class _Stopping:
-    """What the daemon's signals do, on the loop: SIGTERM/SIGINT stop it, SIGHUP reloads
-    its settings.
-
-    The first SIGTERM/SIGINT is graceful: the API stops, the running operation ends at
-    its next phase boundary, the server is stopped (SIGTERM, ``stop_grace_s``, SIGKILL)
-    and its GPUs verified released. Whether a later one forces is the supervisor's rule
-    (``Supervisor.request_shutdown``: its second request does): then no drain, and the
-    supervisor's own teardown SIGKILLs at once, even in the middle of a grace period
-    (``cut_grace``); the release is still verified. The daemon only mirrors the outcome
-    onto uvicorn (``force_exit``), like uvicorn's own ``handle_exit``; it starts no sweep
-    of its own beside the supervisor's teardown.
-
-    SIGUSR1 (the Slurm batch script's) never forces, nor does its SIGTERM twin from Slurm
-    (``sglang_supervisor_api.slurm_daemon``).
-    """
-
-    def __init__(
-        self,
-        sup: Supervisor,
-        app: FastAPI,
-        server: uvicorn.Server,
-        reload: Callable[[], Any],
-    ) -> None:
-        self.sup = sup
-        self.app = app
-        self.server = server
-        self.reload = reload
-        #: The first SIGTERM/SIGINT/SIGUSR1 came.
-        self.requested = asyncio.Event()
-        #: Why the Slurm allocation can no longer host the server (exit 4), once seen.
-        self.unusable: str | None = None
-        self.twins = SlurmTwins()
-
-    def allocation_unusable(self, why: str) -> None:
-        """The daemon's own stop (``slurm_daemon.watch_allocation``): a SIGUSR1's."""
-        self.unusable = why
-        self.on_signal(signal.SIGUSR1)
-
-    def on_signal(self, sig: signal.Signals) -> None:
-        if sig == signal.SIGHUP:
-            self.reload()
-            return
-        if self.twins.absorbed(sig, self.requested.is_set()):
-            return  # one signal from Slurm, one stop (sglang_supervisor_api.slurm_daemon)
-        self.server.should_exit = True
-        close_streams(self.app)
-        self.requested.set()
-        was_forced = self.sup.shutdown_forced
-        self.sup.request_shutdown()  # the supervisor decides whether this one forces
-        if not self.sup.shutdown_forced:
-            log.info(
-                "%s: stopping: the server is stopped and its GPUs verified released "
-                "(or kept with keep_server_on_exit); another %s forces the stop",
-                sig.name,
-                sig.name,
-            )
-        elif not was_forced:
-            self.server.force_exit = True
-            log.warning(
-                "%s again: forcing the stop: no drain, SIGKILL without a grace period "
-                "(unless the server is kept for the next daemon); the GPUs' release is "
-                "still verified",
-                sig.name,
-            )
-
-
-async def _start(sup: Supervisor, stopping: _Stopping) -> bool:
+async def _start(sup: Supervisor, stopping: Stopping) -> bool:
     """``sup.start()``, unless a stop is asked for first: then the start-up (reading the
     state, the schema, the GPUs: nothing launched yet) is abandoned and False returned.
     Raises ``ValueError`` (a bad config) from the start."""
@@ -185,7 +115,7 @@ async def _start(sup: Supervisor, stopping: _Stopping) -> bool:
 
 
 async def _start_beside_api(
-    sup: Supervisor, stopping: _Stopping, server: uvicorn.Server
+    sup: Supervisor, stopping: Stopping, server: uvicorn.Server
 ) -> str | None:
     """``_start`` while the API serves: on a bad config (``ValueError``) the API stops
     and the reason is returned (the daemon exits 2); None otherwise."""
@@ -359,7 +289,7 @@ async def _serve_owned(
         )
         reload = reloader.request
 
-    stopping = _Stopping(sup, app, server, reload)
+    stopping = Stopping(sup, app, server, reload)
     signals.attach(asyncio.get_running_loop(), stopping.on_signal)
     journal = server_log_forwarder(settings, sup)  # [server] log_to_journal
     slurm = settings.server.launcher == "slurm"  # the allocation unusable: exit 4

@@ -11,13 +11,15 @@ from typing import Any
 from sglang_supervisor.config import Settings
 from sglang_supervisor.engine.journal import Journal
 from sglang_supervisor.engine.parts import Parts
-from sglang_supervisor.engine.record import ServerInfo, ServerRecord
+from sglang_supervisor.engine.record import ServerInfo, ServerRecord, TransitionHook
+from sglang_supervisor.engine.registry import OperationRegistry
 from sglang_supervisor.engine.sglang_info import SglangInfo
 from sglang_supervisor.host.backend import Backend, ProcessOps
 from sglang_supervisor.host.gpu import GpuInfo, GpuProbe
 from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.observe.health import HealthChecker
 from sglang_supervisor.observe.telemetry import Throughput
+from sglang_supervisor.operations import Operation
 from sglang_supervisor.sglang.levers import LeverSet
 from sglang_supervisor.sglang.router import WorkerLink
 from sglang_supervisor.sglang.schema import FlagSchema
@@ -30,6 +32,27 @@ class SupervisorReads:
 
     parts: Parts
     record: ServerRecord
+    ops: OperationRegistry
+
+    @property
+    def operation(self) -> Operation | None:
+        """The running operation (None: none runs)."""
+        return self.ops.current
+
+    @property
+    def operations(self) -> dict[str, Operation]:
+        """The kept operations by id, oldest first."""
+        return self.ops.kept
+
+    @property
+    def on_operation_end(self) -> list[Callable[[Operation], None]]:
+        """Hooks called with each operation that ends (the metrics' histograms)."""
+        return self.ops.on_end
+
+    @property
+    def on_transition(self) -> list[TransitionHook]:
+        """Hooks called with (old, new, reason) after each transition (the metrics)."""
+        return self.record.on_transition
 
     @property
     def settings(self) -> Settings:

@@ -127,7 +127,7 @@ class ServerRecord:
         self.crash_times: deque[float] = deque()
         self.warnings: list[str] = []
         #: Why the daemon's own start is refused (a process not ours on a managed GPU),
-        #: while start-up retries it (``startup.retry_refused_start``); None otherwise.
+        #: while start-up retries it (``start_retry.retry_refused_start``); None otherwise.
         self.refused_start: str | None = None
         #: Which SGLang answers validation, and whether its resolution runs (/status).
         self.sglang: SglangInfo = sglang_before_start()

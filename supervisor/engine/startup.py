@@ -8,15 +8,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from sglang_supervisor.engine import persisted as persisted_levers
 from sglang_supervisor.engine import routing
 from sglang_supervisor.engine.boundaries import Cancelled, StartFailed, checkpoint
-from sglang_supervisor.engine.checks import foreign_processes, refuse_if_foreign
+from sglang_supervisor.engine.checks import refuse_if_foreign
 from sglang_supervisor.engine.desired import levers_to_start
-from sglang_supervisor.engine.errors import Busy
 from sglang_supervisor.engine.parts import Parts, SchemaFacts
 from sglang_supervisor.engine.probation import watch_probation
 from sglang_supervisor.engine.record import ServerInfo, ServerRecord
@@ -24,12 +22,12 @@ from sglang_supervisor.engine.release import members_now, stop_and_release, tear
 from sglang_supervisor.engine.rollback import roll_back
 from sglang_supervisor.engine.server import judge_hung, launch_until_ready, wait_ready
 from sglang_supervisor.engine.sglang_info import after_schema
+from sglang_supervisor.engine.start_retry import RETRY_WHAT
 from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.engine.transaction import commit, recover
 from sglang_supervisor.engine.validation import check_sglang, gpu_facts, warm_resolution
 from sglang_supervisor.host.backend import ServerHandle
 from sglang_supervisor.host.gpu import (
-    FOREIGN_ADVICE,
     GpuInfo,
     GpuProbe,
     GpuQueryError,
@@ -381,45 +379,3 @@ async def measure_baseline(parts: Parts, record: ServerRecord) -> None:
         raise StartFailed(f"cannot read the managed GPUs: {exc}") from exc
     record.baseline_measured({s.index: s.memory_used_bytes for s in samples})
     parts.journal.record_baseline(dict(record.baseline))
-
-
-#: What ``retry_refused_start`` does, for the reason an operator reads.
-RETRY_WHAT = "backoff_initial_s doubling to backoff_max_s, until the GPUs are clean"
-
-
-async def retry_refused_start(
-    parts: Parts, record: ServerRecord, stop: StopRequest, start: Callable[[], Awaitable[object]]
-) -> None:
-    """The daemon's own start was refused (a process not ours on a managed GPU): look
-    again after ``backoff_initial_s``, doubling to ``backoff_max_s``, and ``start()``
-    (an operator's POST /start) once no such process is left. Ends without starting when
-    an operator acted meanwhile (an operation, a stop) or the daemon stops; a look that
-    finds the process still there says so in the state's reason, with when it looks next.
-    """
-    t = parts.settings.timeouts
-    delay = t.backoff_initial_s
-    attempt = 0
-    while record.refused_start is not None:
-        await asyncio.sleep(delay)
-        operator_acted = record.state != S.STOPPED or parts.journal.recorded.stopped_by
-        if stop.requested or operator_acted or record.refused_start is None:
-            return
-        attempt += 1
-        try:
-            foreign = await foreign_processes(parts, record)
-        except GpuQueryError as exc:
-            foreign = f"the managed GPUs cannot be queried: {exc}"
-        delay = min(t.backoff_max_s, delay * 2)
-        if foreign is not None:
-            record.start_refused(
-                f"not starting: {foreign}; {FOREIGN_ADVICE} (look {attempt}; the next in "
-                f"{delay:g}s: {RETRY_WHAT})"
-            )
-            continue
-        record.start_refused(None)
-        log.info("the managed GPUs are clean now (look %d): starting", attempt)
-        try:
-            await start()
-        except Busy:
-            return  # an operator's operation runs: theirs to decide
-        return

@@ -23,6 +23,7 @@ from sglang_supervisor.engine import (
     effect,
     operator_requests,
     rollback,
+    start_retry,
     startup,
     transaction,
 )
@@ -31,14 +32,14 @@ from sglang_supervisor.engine.facade import SupervisorReads
 from sglang_supervisor.engine.journal import Journal
 from sglang_supervisor.engine.parts import Learned, Parts, SchemaLoader
 from sglang_supervisor.engine.plan_inputs import PlanInputs, plan_inputs
-from sglang_supervisor.engine.record import ServerRecord, TransitionHook
+from sglang_supervisor.engine.record import ServerRecord
 from sglang_supervisor.engine.registry import OperationRegistry
 from sglang_supervisor.engine.release import teardown_budget
 from sglang_supervisor.engine.stop_request import StopRequest
 from sglang_supervisor.engine.view import MembersCache, SupervisorView, gpu_status, snapshot
 from sglang_supervisor.engine.watch import Watcher
 from sglang_supervisor.host.backend import Backend, ProcessOps
-from sglang_supervisor.host.gpu import GpuQueryError, GpuSample
+from sglang_supervisor.host.gpu import GpuSample, latest_samples
 from sglang_supervisor.observe.effect import EffectMeter
 from sglang_supervisor.observe.events import EventBus
 from sglang_supervisor.observe.health import HealthChecker
@@ -117,26 +118,6 @@ class Supervisor(SupervisorReads):
 
     # --------------------------------------------------------- the operations
 
-    @property
-    def operation(self) -> Operation | None:
-        """The running operation (None: none runs)."""
-        return self.ops.current
-
-    @property
-    def operations(self) -> dict[str, Operation]:
-        """The kept operations by id, oldest first."""
-        return self.ops.kept
-
-    @property
-    def on_operation_end(self) -> list[Callable[[Operation], None]]:
-        """Hooks called with each operation that ends (the metrics' histograms)."""
-        return self.ops.on_end
-
-    @property
-    def on_transition(self) -> list[TransitionHook]:
-        """Hooks called with (old, new, reason) after each transition (the metrics)."""
-        return self.record.on_transition
-
     def warn(self, message: str) -> None:
         """Show ``message`` in /status's warnings (once): ``ServerRecord.warn``."""
         self.record.warn(message)
@@ -169,7 +150,7 @@ class Supervisor(SupervisorReads):
         await startup.initial_start(self.parts, self.record, self.stop_request, op)
         if self.record.refused_start is not None:  # a process not ours on a managed GPU
             self._start_retry = asyncio.create_task(
-                startup.retry_refused_start(
+                start_retry.retry_refused_start(
                     self.parts, self.record, self.stop_request, self.submit_start
                 ),
                 name="start-retry",
@@ -397,13 +378,7 @@ class Supervisor(SupervisorReads):
         """The managed GPUs now (blocking: call it from a worker thread); under a probe
         across Slurm nodes, each node's last sample (a scrape never waits on a node).
         Raises ``GpuQueryError``."""
-        recent = getattr(self.parts.probe, "recent", None)
-        if recent is not None:
-            got = recent(self.record.gpu_indices())
-            if got.errors:
-                raise GpuQueryError("; ".join(sorted(set(got.errors.values()))))
-            return list(got.samples)
-        return self.parts.probe.sample(self.record.gpu_indices())
+        return latest_samples(self.parts.probe, self.record.gpu_indices())
 
     async def gpu_status(self) -> list[dict[str, Any]]:
         """The managed GPUs now, with their processes marked ours or not."""

@@ -271,3 +271,16 @@ def wait_released(
         if now >= deadline:
             return ReleaseResult(False, now - start, n, last, error, streak, consecutive)
         sleep(min(interval_s, max(0.0, deadline - now)))
+
+
+def latest_samples(probe: GpuProbe, indices: Sequence[int]) -> list[GpuSample]:
+    """``indices`` now (blocking); from a probe that keeps its nodes' last samples
+    (``recent``: the Slurm launcher's), those, so that a reader never waits on a node.
+    Raises ``GpuQueryError``."""
+    recent = getattr(probe, "recent", None)
+    if recent is not None:
+        got = recent(list(indices))
+        if got.errors:
+            raise GpuQueryError("; ".join(sorted(set(got.errors.values()))))
+        return list(got.samples)
+    return probe.sample(list(indices))

@@ -11,17 +11,17 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from sglang_supervisor_api.daemon import _Stopping
+from sglang_supervisor_api.stopping import Stopping
 from tests.unit.fakes import make_rig, run
 
 
-def stopping_for(tmp_path: Path) -> tuple[_Stopping, Any, Any]:
+def stopping_for(tmp_path: Path) -> tuple[Stopping, Any, Any]:
     rig = make_rig(tmp_path)
     app = FastAPI()
     app.state.closing = asyncio.Event()
     server = SimpleNamespace(should_exit=False, force_exit=False)
     reloads: list[int] = []
-    stopping = _Stopping(rig.sup, app, server, lambda: reloads.append(1))  # type: ignore[arg-type]
+    stopping = Stopping(rig.sup, app, server, lambda: reloads.append(1))  # type: ignore[arg-type]
     return stopping, rig.sup, server
 
 
