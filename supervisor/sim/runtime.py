@@ -327,6 +327,9 @@ class Runtime:
             )
         if not Path(path).expanduser().is_dir():
             return self._lora_answer(False, f"Failed to load LoRA adapter {name}: no such {path}")
+        refusal = _adapter_refusal(name, Path(path).expanduser())
+        if refusal is not None:
+            return self._lora_answer(False, refusal)
         self.loras[name] = path
         log(f"Start load Lora adapter. Lora name={name}, path={path}")
         return self._lora_answer(True)
@@ -374,3 +377,19 @@ class Runtime:
                 message += f" Weight version updated to {version}."
         log("Update weights end.")
         return _json(200, {"success": True, "message": message, "num_paused_requests": 0})
+
+
+def _adapter_refusal(name: str, path: Path) -> str | None:
+    """What SGLang 0.5.23's LoRAManager refuses once it reads the adapter's config
+    (srt/lora/lora_config.py:43-45, lora_manager.py:337-351): no readable config with a
+    rank, or a DoRA adapter. None when it would load."""
+    try:
+        config = json.loads((path / "adapter_config.json").read_text())
+        int(config["r"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"Failed to load LoRA adapter {name}: {path}/adapter_config.json: {e}"
+    if config.get("use_dora", False):
+        return (
+            f"Failed to load {name} because LoRA serving currently doesn't support DoRA adapters"
+        )
+    return None

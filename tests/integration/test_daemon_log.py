@@ -36,6 +36,6 @@ def test_json_log_with_one_line_per_operation_end(daemon_factory: type[Daemon]) 
     assert [r["phase"] for r in started] == ["start", "rollback_start"], started
     assert not [r for r in records() if "operation_id" in r and r["logger"] == "uvicorn.error"]
     # The daemon's own start operation too (no request behind it: its task says so).
-    first = next(r for r in records() if str(r["message"]).startswith("stopped -> starting"))
+    first = next(r for r in records() if " -> starting (" in str(r["message"]))
     assert first["kind"] == "start" and first["phase"] == "start", first
     assert f"(start {first['operation_id']}:" in str(first["message"])

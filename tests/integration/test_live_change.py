@@ -109,10 +109,15 @@ def _log(d: Daemon) -> str:
 
 def test_a_refused_live_change_puts_the_old_values_back_live(ctx: dict[str, Any]) -> None:
     """Logging changes first, then SGLang refuses the LoRA adapter: request logging is put
-    back on, live, on the same pid; /status still shows the old levers."""
+    back on, live, on the same pid; /status still shows the old levers. The adapter passes
+    every check before the change (a directory with an adapter_config.json); only SGLang's
+    load reads that it is DoRA, which SGLang 0.5.23 refuses (srt/lora/lora_manager.py:349)."""
     d: Daemon = ctx["d"]
     pid = _pid(d)
-    op = _apply(d, {"log_requests": False, "lora_paths": ["bad=/nonexistent/adapter"]})
+    dora = Path(ctx["work"]) / "dora-adapter"
+    dora.mkdir(exist_ok=True)
+    (dora / "adapter_config.json").write_text('{"r": 8, "use_dora": true}')
+    op = _apply(d, {"log_requests": False, "lora_paths": [f"bad={dora}"]})
     assert op["state"] == "rolled_back", op
     assert "refused to load LoRA adapter 'bad'" in op["error"], op["error"]
     assert f"the old values were put back live (pid {pid} serves on)" in op["error"]
