@@ -389,7 +389,5 @@ def _adapter_refusal(name: str, path: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"Failed to load LoRA adapter {name}: {path}/adapter_config.json: {e}"
     if config.get("use_dora", False):
-        return (
-            f"Failed to load {name} because LoRA serving currently doesn't support DoRA adapters"
-        )
+        return f"Failed to load {name} because LoRA serving currently doesn't support DoRA adapters"
     return None
