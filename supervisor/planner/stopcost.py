@@ -15,7 +15,10 @@ records ``h200_teardown*.json``: one process pinning the case's host memory with
   measured apart.
 
 Both were measured for one process; a node's ranks are taken to pin and unpin one after
-another (the node's total at the rate), an upper bound where they overlap.
+another (the node's total at the rate), an upper bound where they overlap. They do:
+SGLang's own path (``tests/benchmarks/h200_pinning.py``, results ``h200_pinning.json``)
+costs 0.52 s per GiB in one process at 48 GiB, but eight ranks pin the node's 48 GiB in
+4.6-6.0 s, so for eight ranks this bound is 4-5x over (about 2x at 8 GiB).
 ``PinRates`` carries the figures; the simulated backend passes its own (``[sim]``
 ``pin_s_per_gib``, ``unpin_s_per_gib``: these by default). The daemon's own teardown deadline is
 ``stop_grace_s + kill_timeout_s + release_timeout_s + release_s_per_pinned_gib × GiB``
