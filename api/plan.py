@@ -194,6 +194,7 @@ def _live(view: SupervisorView) -> LiveLoad | None:
         used_tokens=t.used_tokens,
         kv_pools=Layout.of(view.levers.levers).kv_pools,
         prefix_cache=None if view.diagnosis is None else view.diagnosis.prefix_cache,
+        held=None if view.diagnosis is None else view.diagnosis.kind,
     )
 
 

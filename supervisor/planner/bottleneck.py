@@ -59,11 +59,13 @@ def supported(
     live: bool,
     max_running_requests: int,
     target_concurrency: int | None,
+    kind: LoadKind | None = None,
 ) -> Support:
-    """The rule (module docstring), on the live gauges (``live`` False: none)."""
+    """The rule (module docstring), on the live gauges (``live`` False: none); ``kind``
+    the held diagnosis's (``LiveLoad.kind``), else the gauges are classified here."""
     if target_concurrency:
         return Support(
-            classify(running, queued, usage) if live else None,
+            (kind or classify(running, queued, usage)) if live else None,
             CAPACITY_LEVERS,
             f"the target of {target_concurrency:,} requests at once: the KV-capacity levers "
             "are sized for it",
@@ -75,7 +77,7 @@ def supported(
             "no live load: the KV-capacity levers are proposed as sizing for this hardware "
             "(whether they help depends on the load)",
         )
-    kind = classify(running, queued, usage)
+    kind = kind or classify(running, queued, usage)
     if kind is LoadKind.KV_BOUND:
         return Support(
             kind,

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sglang_supervisor.planner.diagnosis import sentence
+from sglang_supervisor.planner.diagnosis import LoadKind, classify, sentence
 from sglang_supervisor.planner.hicache import auto_ratio, auto_sized, host_pool_tokens
 from sglang_supervisor.planner.inputs import lever_bool, lever_float, lever_int
 from sglang_supervisor.planner.memory import sglang_reserve
@@ -244,6 +244,16 @@ class LiveLoad:
     kv_pools: int = 1
     #: The prefix cache over the recent window (``planner.prefixcache``; None: not known).
     prefix_cache: PrefixEvidence | None = None
+    #: The kind the daemon's diagnosis held for ``[timeouts] diagnosis_hold_s`` (None:
+    #: none held). The plan follows it rather than one sample of the gauges: a KV-bound
+    #: server's usage dips below the threshold between samples while its queue stays.
+    held: LoadKind | None = None
+
+    def kind(self) -> LoadKind:
+        """The bottleneck: the held diagnosis where there is one, else these gauges'."""
+        if self.held is not None and self.held is not LoadKind.NO_METRICS:
+            return self.held
+        return classify(self.running_requests, self.queued_requests, self.token_usage)
 
     def avg_tokens(self) -> int | None:
         """KV tokens per running request: the used tokens over the running requests (both
@@ -262,7 +272,7 @@ class LiveLoad:
 
     def diagnosis(self) -> str:
         """Where the bottleneck is, in one sentence (the rule: ``planner.diagnosis``)."""
-        return sentence(self.running_requests, self.queued_requests, self.token_usage)
+        return sentence(self.running_requests, self.queued_requests, self.token_usage, self.kind())
 
     def to_json(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "prefix_cache"}

@@ -74,9 +74,15 @@ def classify(running: float | None, queued: float | None, usage: float | None) -
     return LoadKind.NOT_SATURATED
 
 
-def sentence(running: float | None, queued: float | None, usage: float | None) -> str:
-    """The kind of load, in one sentence with its figures (the plan's ``diagnosis``)."""
-    kind = classify(running, queued, usage)
+def sentence(
+    running: float | None,
+    queued: float | None,
+    usage: float | None,
+    kind: LoadKind | None = None,
+) -> str:
+    """The kind of load, in one sentence with its figures (the plan's ``diagnosis``);
+    ``kind`` when the daemon's diagnosis held one (else these gauges' own)."""
+    kind = kind or classify(running, queued, usage)
     run, wait = int(running or 0), int(queued or 0)
     use = f"{usage:.2f}" if usage is not None else "unknown"
     if kind is LoadKind.NO_METRICS:

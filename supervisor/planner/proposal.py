@@ -258,6 +258,7 @@ def propose(
         live=live_now,
         max_running_requests=now.max_running_requests,
         target_concurrency=target_concurrency,
+        kind=live.kind() if live_now and live is not None else None,
     )
     tune = {"avg_tokens": avg_tokens, "target_concurrency": target_concurrency}
     dp_after: Capacity | None = None

@@ -17,6 +17,7 @@ import pytest
 from sglang_supervisor import planner
 from sglang_supervisor.observe.startuplog import graph_seconds_each
 from sglang_supervisor.planner import GiB, Hardware, LiveLoad
+from sglang_supervisor.planner.diagnosis import LoadKind
 from sglang_supervisor.planner.downtime import ServerFacts
 from sglang_supervisor.planner.memory import decode_graph_sizes
 from sglang_supervisor.planner.stopcost import MEASURED_PIN_S_PER_GIB, MEASURED_S_PER_PINNED_GIB
@@ -162,3 +163,20 @@ def test_more_decode_graphs_cost_the_serving_servers_capture_time() -> None:
     assert (
         graph_seconds_each("Capture cuda graph begin. This can take up to several minutes.") is None
     )
+
+
+def test_the_plan_follows_the_held_diagnosis_not_one_sample() -> None:
+    """The daemon's diagnosis held KV-bound for diagnosis_hold_s; the sample /plan reads
+    dips to 0.91 usage with 1,398 queued (seen on the simulated Kimi-K2.5 incident): by
+    that sample alone it is queue-bound below the cap, and nothing would be proposed."""
+    dip = LiveLoad(running_requests=198, queued_requests=1398, token_usage=0.91)
+    assert plan(dip).levers == {} and plan(dip).bottleneck["kind"] == "queue_bound"
+    held = LiveLoad(
+        running_requests=198, queued_requests=1398, token_usage=0.91, held=LoadKind.KV_BOUND
+    )
+    p = plan(held)
+    assert p.bottleneck["kind"] == "kv_bound"
+    assert {"kv_cache_dtype", "mem_fraction_static", "max_running_requests"} <= set(p.levers)
+    assert p.diagnosis.startswith("KV-cache bound: token usage 0.91 with 198 requests")
+    # A held "no metrics" (nothing held yet) leaves the sample to decide.
+    assert plan(LiveLoad(198, 1398, 0.91, held=LoadKind.NO_METRICS)).levers == {}
