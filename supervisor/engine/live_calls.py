@@ -21,7 +21,8 @@ from typing import Any
 
 from sglang_supervisor.engine.parts import Parts
 from sglang_supervisor.host.backend import ServerHandle
-from sglang_supervisor.sglang.control import Answer, bearer_for
+from sglang_supervisor.sglang.auth import ServerKeys
+from sglang_supervisor.sglang.control import Answer
 from sglang_supervisor.sglang.levers import LeverSet
 from sglang_supervisor.sglang.live import ENDPOINTS, LiveSet, lora_adapters
 
@@ -56,7 +57,7 @@ class LiveServer:
     def __init__(self, parts: Parts, handle: ServerHandle, serving: LeverSet) -> None:
         self.parts, self.handle = parts, handle
         self.url = parts.url
-        self.key = bearer_for(serving.levers)
+        self.keys = ServerKeys.of(serving.levers)
         t = parts.settings.timeouts
         self.timeout_s = t.liveness_timeout_s
         self.load_timeout_s = t.ready_timeout_s
@@ -67,7 +68,9 @@ class LiveServer:
         }
 
     async def read(self, path: str) -> Mapping[str, Any]:
-        ans = await self.parts.control.read(self.url, path, key=self.key, timeout_s=self.timeout_s)
+        ans = await self.parts.control.read(
+            self.url, path, keys=self.keys, timeout_s=self.timeout_s
+        )
         if not ans.ok:
             raise LiveFailed(f"GET {path} answered {ans.status}: {ans.detail}")
         data: Mapping[str, Any] = ans.body
@@ -76,15 +79,15 @@ class LiveServer:
     async def set(self, mechanism: str, values: Mapping[str, Any]) -> str:
         """Set ``values`` (lever -> value) through ``mechanism``; returns what SGLang said.
         Raises ``LiveFailed`` (or ``ControlError``: the server does not answer)."""
-        c, url, key, t = self.parts.control, self.url, self.key, self.timeout_s
+        c, url, keys, t = self.parts.control, self.url, self.keys, self.timeout_s
         if mechanism == "set_internal_state":
             offset = await asyncio.to_thread(_log_size, self.handle.log_path)
-            ans = await c.set_internal_state(url, values, key=key, timeout_s=t)
+            ans = await c.set_internal_state(url, values, keys=keys, timeout_s=t)
             if not ans.ok:
                 raise LiveFailed(await self._refused(ans, offset, "Updating "))
             return f"updated on {len(ans.body)} DP worker(s)"
         if mechanism == "configure_logging":
-            ans = await c.configure_logging(url, values, key=key, timeout_s=t)
+            ans = await c.configure_logging(url, values, keys=keys, timeout_s=t)
             if not ans.ok:
                 raise LiveFailed(f"{ENDPOINTS[mechanism]} answered {ans.status}: {ans.detail}")
             return "answered 200"
@@ -100,9 +103,9 @@ class LiveServer:
         return f"SGLang refused {ENDPOINTS['set_internal_state']} (answered {ans.body}){why}"
 
     async def _set_hicache(self, values: Mapping[str, Any]) -> str:
-        c, url, key, t = self.parts.control, self.url, self.key, self.timeout_s
+        c, url, keys, t = self.parts.control, self.url, self.keys, self.timeout_s
         # A detach first (SGLang refuses a second attach; a detach of none succeeds).
-        ans = await c.detach_hicache(url, key=key, timeout_s=t)
+        ans = await c.detach_hicache(url, keys=keys, timeout_s=t)
         if not ans.ok:
             raise LiveFailed(f"SGLang refused DELETE /hicache/storage-backend: {ans.detail}")
         backend = values.get("hicache_storage_backend")
@@ -110,19 +113,19 @@ class LiveServer:
             return "storage backend detached"
         fields = self.live.levers.get("hicache_storage", {})
         body = {fields.get(k, k): v for k, v in values.items() if v is not None}
-        ans = await c.attach_hicache(url, body, key=key, timeout_s=t)
+        ans = await c.attach_hicache(url, body, keys=keys, timeout_s=t)
         if not ans.ok:
             raise LiveFailed(f"SGLang refused PUT /hicache/storage-backend: {ans.detail}")
         return f"storage backend {backend!r} attached"
 
     async def _set_lora(self, values: Mapping[str, Any]) -> str:
-        c, url, key, t = self.parts.control, self.url, self.key, self.load_timeout_s
+        c, url, keys, t = self.parts.control, self.url, self.keys, self.load_timeout_s
         want = lora_adapters(values.get("lora_paths"))
         done: list[str] = []
         for name in [
             n for n, p in self.adapters.items() if want.get(n, None) is None or want[n].path != p
         ]:
-            ans = await c.lora(url, "unload", {"lora_name": name}, key=key, timeout_s=t)
+            ans = await c.lora(url, "unload", {"lora_name": name}, keys=keys, timeout_s=t)
             if not ans.ok:
                 raise LiveFailed(f"SGLang refused to unload LoRA adapter {name!r}: {ans.detail}")
             self.adapters.pop(name, None)
@@ -131,7 +134,7 @@ class LiveServer:
             if name in self.adapters:
                 continue
             body = {"lora_name": name, "lora_path": a.path, "pinned": a.pinned}
-            ans = await c.lora(url, "load", body, key=key, timeout_s=t)
+            ans = await c.lora(url, "load", body, keys=keys, timeout_s=t)
             if not ans.ok:
                 raise LiveFailed(f"SGLang refused to load LoRA adapter {name!r}: {ans.detail}")
             loaded = ans.body.get("loaded_adapters") if isinstance(ans.body, dict) else None
@@ -158,7 +161,7 @@ class LiveServer:
             return await self._confirm_logging(values, offset)
         if mechanism == "hicache_storage":
             ans = await self.parts.control.hicache_backend(
-                self.url, key=self.key, timeout_s=self.timeout_s
+                self.url, keys=self.keys, timeout_s=self.timeout_s
             )
             if not ans.ok:
                 raise LiveFailed(

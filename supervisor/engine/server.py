@@ -46,7 +46,9 @@ from sglang_supervisor.observe import serverlogs
 from sglang_supervisor.observe.telemetry import tail_lines
 from sglang_supervisor.operations import FAILED, SUCCEEDED, Operation
 from sglang_supervisor.phases import PhaseName
+from sglang_supervisor.sglang import auth
 from sglang_supervisor.sglang.accesslog import probe_log_flags
+from sglang_supervisor.sglang.auth import ServerKeys
 from sglang_supervisor.sglang.levers import LeverSet, render_argv
 from sglang_supervisor.sglang.schema import FlagSchema
 from sglang_supervisor.states import ServerState
@@ -259,7 +261,10 @@ async def wait_ready(
         await pause(stop, op, min(interval, parts.poll_s * 5))
     info: dict[str, Any] = {}
     try:
-        info = await parts.health.server_info(parts.url, 5.0)
+        # /server_info is one of SGLang's normal routes: the server's api_key, if any.
+        keys = ServerKeys.of(record.server.levers.levers) if record.server else ServerKeys()
+        bearer = auth.headers(keys, "GET", "/server_info")
+        info = await parts.health.server_info(parts.url, 5.0, bearer)
     except (httpx.HTTPError, OSError, ValueError) as exc:
         # Only a figure for /status is missing; a bug (TypeError...) is not hidden.
         log.warning("pid %s is ready, but /server_info did not answer: %s", handle.pid, exc)

@@ -130,7 +130,7 @@ def _target(levers: LeverSet) -> dict[str, Any]:
 
 async def _update(live: LiveServer, body: Mapping[str, Any]) -> str:
     ans = await live.parts.control.update_weights(
-        live.url, body, key=live.key, timeout_s=live.load_timeout_s
+        live.url, body, keys=live.keys, timeout_s=live.load_timeout_s
     )
     if not ans.ok:
         raise LiveFailed(

@@ -8,6 +8,7 @@ Ready means ``GET /health_generate`` answered 200: it runs a real generation, wh
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,7 +24,9 @@ class Probe:
 class HealthChecker(Protocol):
     async def generate_ok(self, url: str, timeout_s: float) -> Probe: ...
 
-    async def server_info(self, url: str, timeout_s: float) -> dict[str, Any]: ...
+    async def server_info(
+        self, url: str, timeout_s: float, headers: Mapping[str, str] | None = None
+    ) -> dict[str, Any]: ...
 
     async def metrics_text(self, url: str, timeout_s: float) -> str | None: ...
 
@@ -47,12 +50,16 @@ class HttpHealthChecker:
             return Probe(True, "200")
         return Probe(False, f"GET {url}/health_generate answered {r.status_code}")
 
-    async def server_info(self, url: str, timeout_s: float) -> dict[str, Any]:
+    async def server_info(
+        self, url: str, timeout_s: float, headers: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         """``/server_info`` (``/get_server_info`` on an older server that answers 404) as a
-        dict; raises ``httpx.HTTPError`` when it fails."""
-        r = await self._client.get(f"{url}/server_info", timeout=timeout_s)
+        dict, sent with ``headers`` (the key SGLang wants there: the caller's,
+        ``sglang.auth``); raises ``httpx.HTTPError`` when it fails."""
+        bearer = dict(headers or {})
+        r = await self._client.get(f"{url}/server_info", timeout=timeout_s, headers=bearer)
         if r.status_code == 404:
-            r = await self._client.get(f"{url}/get_server_info", timeout=timeout_s)
+            r = await self._client.get(f"{url}/get_server_info", timeout=timeout_s, headers=bearer)
         r.raise_for_status()
         data = r.json()
         return data if isinstance(data, dict) else {}

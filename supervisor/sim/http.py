@@ -139,9 +139,19 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, data, content_type)
         return True
 
+    def _unauthorized(self, path: str) -> bool:
+        """Answer SGLang's 401 where the server's keys refuse this request (True)."""
+        runtime = self.server.app.runtime
+        if runtime.authorized(self.command, path, self.headers.get("Authorization")):
+            return False
+        self._json(401, {"error": "Unauthorized"})
+        return True
+
     def do_GET(self) -> None:
         app = self.server.app
         path = self.path.split("?", 1)[0]
+        if self._unauthorized(path):
+            return
         if self._runtime():
             return
         if path in ("/health", "/health_generate"):
@@ -193,6 +203,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(400, {"error": {"message": "bad Content-Length"}})
             return
         body = self.rfile.read(length)
+        if self._unauthorized(path):
+            return
         if self._runtime(body):
             return
         kind = _GENERATION_PATHS.get(path)

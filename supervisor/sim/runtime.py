@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from sglang_supervisor.planner.checkpoint import weight_bytes_from_dir
+from sglang_supervisor.sglang import auth as auth_rule
+from sglang_supervisor.sglang.auth import ServerKeys
 from sglang_supervisor.sglang.live import lora_adapters
 from sglang_supervisor.sim.flags import ServerConfig, log
 
@@ -181,7 +183,7 @@ class Runtime:
         handler = routes.get((method, path))
         if handler is None:
             return None
-        if not self._allowed(auth):
+        if not self.authorized(method, path, auth):
             return _json(401, {"error": "Unauthorized"})
         try:
             data = json.loads(body or b"{}")
@@ -192,9 +194,9 @@ class Runtime:
         with self._lock:  # one control call at a time, as SGLang's one event loop
             return handler(data)
 
-    def _allowed(self, auth: str | None) -> bool:
-        key = self.args.get("admin_api_key") or self.args.get("api_key")
-        return not key or auth == f"Bearer {key}"
+    def authorized(self, method: str, path: str, authorization: str | None) -> bool:
+        """SGLang's verdict on a request to ``path`` (``sglang.auth``: which key where)."""
+        return auth_rule.allowed(ServerKeys.of(self.args), method, path, authorization)
 
     # ------------------------------------------------------------- internal state
 

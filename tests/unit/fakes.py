@@ -612,7 +612,9 @@ class FakeHealth:
                 handle.ready_at = time.monotonic()
             return Probe(True, "200")
 
-    async def server_info(self, url: str, timeout_s: float) -> dict[str, Any]:
+    async def server_info(
+        self, url: str, timeout_s: float, headers: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         handle = self.procs.current()
         if handle is None:
             raise ConnectionError(f"{url} does not answer")

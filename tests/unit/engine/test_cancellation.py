@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -332,7 +333,9 @@ class _SlowServerInfo(FakeHealth):
         self.asked = asyncio.Event()
         self.answer = asyncio.Event()
 
-    async def server_info(self, url: str, timeout_s: float) -> dict[str, Any]:
+    async def server_info(
+        self, url: str, timeout_s: float, headers: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         if self.procs.handles and len(self.procs.handles) == 2:
             self.asked.set()
             await self.answer.wait()
