@@ -245,13 +245,15 @@ class LiveLoad:
     #: The prefix cache over the recent window (``planner.prefixcache``; None: not known).
     prefix_cache: PrefixEvidence | None = None
     #: The kind the daemon's diagnosis held for ``[timeouts] diagnosis_hold_s`` (None:
-    #: none held). The plan follows it rather than one sample of the gauges: a KV-bound
+    #: none held). A held saturated kind wins over one sample of the gauges: a KV-bound
     #: server's usage dips below the threshold between samples while its queue stays.
     held: LoadKind | None = None
 
     def kind(self) -> LoadKind:
-        """The bottleneck: the held diagnosis where there is one, else these gauges'."""
-        if self.held is not None and self.held is not LoadKind.NO_METRICS:
+        """The bottleneck: a held KV- or queue-bound diagnosis, else these gauges'. A held
+        "not saturated" (or "no metrics") is not taken over the sample: it lags a load
+        that has just grown, and the plan is asked for because of that load."""
+        if self.held in (LoadKind.KV_BOUND, LoadKind.QUEUE_BOUND):
             return self.held
         return classify(self.running_requests, self.queued_requests, self.token_usage)
 

@@ -178,5 +178,9 @@ def test_the_plan_follows_the_held_diagnosis_not_one_sample() -> None:
     assert p.bottleneck["kind"] == "kv_bound"
     assert {"kv_cache_dtype", "mem_fraction_static", "max_running_requests"} <= set(p.levers)
     assert p.diagnosis.startswith("KV-cache bound: token usage 0.91 with 198 requests")
-    # A held "no metrics" (nothing held yet) leaves the sample to decide.
-    assert plan(LiveLoad(198, 1398, 0.91, held=LoadKind.NO_METRICS)).levers == {}
+    # A held "no metrics" or "not saturated" leaves the sample to decide: it lags a load
+    # that has just grown (here a KV-bound sample).
+    for lagging in (LoadKind.NO_METRICS, LoadKind.NOT_SATURATED):
+        grown = plan(LiveLoad(198, 1398, 0.99, held=lagging))
+        assert grown.bottleneck["kind"] == "kv_bound", lagging
+        assert plan(LiveLoad(198, 1398, 0.91, held=lagging)).levers == {}
