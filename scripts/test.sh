@@ -4,14 +4,72 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+t0=$SECONDS
+# Debian's packages the later steps need, installed in the background from the start (one
+# apt-get: its lock allows no other) while the Python environments install; each step
+# below still installs what it lacks itself, so a failure here only costs time.
+apt_log=$(mktemp /tmp/sgsup-apt.XXXXXX)
+apt_pid=""
+apt_need=()
+for pair in chromium:chromium fish:fish zsh:zsh slurmctld:slurm-wlm munged:munge \
+  promtool:prometheus amtool:prometheus-alertmanager kubectl:kubernetes-client; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${pair%%:*}" ] \
+    || apt_need+=("${pair#*:}")
+done
+if ((${#apt_need[@]})) && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "== installing ${apt_need[*]} (apt-get, in the background)"
+  (
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends "${apt_need[@]}" \
+      || { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${apt_need[@]}"; }
+  ) >"$apt_log" 2>&1 &
+  apt_pid=$!
+fi
+apt_done() {  # before the first step that uses a Debian package
+  [ -n "$apt_pid" ] || return 0
+  if wait "$apt_pid"; then
+    echo "   Debian packages installed ($((SECONDS - t0)) s after the start)"
+  else
+    echo "   the background apt-get failed (the steps retry on their own):" >&2
+    tail -n 20 "$apt_log" >&2
+  fi
+  apt_pid=""
+}
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install -q -e '.[test]'
-echo "== SGLang parser environment (.venv-sglang)"
-bash scripts/sglang-parser-env.sh .venv-sglang
-echo "== sglang-router environment (.venv-router)"
-bash scripts/router-env.sh .venv-router
+# SGLang's and the router's environments install (mostly downloads) while the benchmarks
+# that need neither run (CPU): their logs are printed once both are done.
+envs_log=$(mktemp /tmp/sgsup-envs.XXXXXX)
+(
+  echo "== SGLang parser environment (.venv-sglang)"
+  bash scripts/sglang-parser-env.sh .venv-sglang
+  echo "== sglang-router environment (.venv-router)"
+  bash scripts/router-env.sh .venv-router
+) >"$envs_log" 2>&1 &
+envs_pid=$!
+echo "== benchmarks (smoke: each runs once in its quickest form; figures printed, not asserted)"
+# A benchmark that no longer runs fails here (a fresh clone's `--only swap` did). Saves nothing.
+bench_t0=$SECONDS
+.venv/bin/python -m tests.benchmarks.run --smoke --no-save \
+  --only teardown --only orphans --only swap --only api --only footprint
+.venv/bin/python -m tests.benchmarks.bench_sim_load --seconds 15
+.venv/bin/python -m tests.benchmarks.h200 --dry-run --reps8 1 --reps48 1 --budget-s 60 \
+  --out "$(mktemp -d)"
+envs_rc=0
+wait "$envs_pid" || envs_rc=$?
+cat "$envs_log"
+if [ "$envs_rc" != 0 ]; then
+  echo "the SGLang or router environment did not install (exit $envs_rc): see above" >&2
+  exit "$envs_rc"
+fi
+# These two start SGLang's environment (startup: the daemon validating with it).
+.venv/bin/python -m tests.benchmarks.run --smoke --no-save --only startup
+.venv/bin/python -m tests.benchmarks.bench_validate --rounds 1 --colds 1
+.venv/bin/python -m tests.benchmarks.bench_router --only integration --duration 3 --concurrency 2 --replicas 2 \
+  --no-save
+echo "   benchmarks smoke: $((SECONDS - bench_t0)) s (the environments installed meanwhile)"
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
@@ -41,6 +99,7 @@ if missing or tops != {"sglang_supervisor", "sglang_supervisor_api"}:
 print(f"   {sys.argv[1].rsplit('/', 1)[-1]}: {len(names)} files")
 EOF
 rm -rf "$dist_dir"
+apt_done
 echo "== deploy assets (promtool, amtool, systemd-analyze, kubectl, kubernetes-validate)"
 bash scripts/check-deploy.sh
 echo "== chromium (the status page's browser test)"
@@ -84,20 +143,11 @@ else
 fi
 export SGLANG_SUPERVISOR_TEST_SGLANG_PYTHON="$PWD/.venv-sglang/bin/python"
 export SGLANG_SUPERVISOR_TEST_ROUTER_PYTHON="$PWD/.venv-router/bin/python"
-echo "== benchmarks (smoke: each runs once in its quickest form; figures printed, not asserted)"
-# A benchmark that no longer runs fails here (a fresh clone's `--only swap` did). Saves nothing.
-# ~6 minutes on a shared 2-core host at load average ~12 (run --smoke 217 s, bench_validate
-# 68 s, the router's integration scenario ~90 s, h200 --dry-run 11 s).
-bench_t0=$SECONDS
-.venv/bin/python -m tests.benchmarks.run --smoke --no-save
-.venv/bin/python -m tests.benchmarks.bench_validate --rounds 1 --colds 1
-.venv/bin/python -m tests.benchmarks.bench_sim_load --seconds 15
-.venv/bin/python -m tests.benchmarks.bench_router --only integration --duration 3 --concurrency 2 --replicas 2 \
-  --no-save
-.venv/bin/python -m tests.benchmarks.h200 --dry-run --reps8 1 --reps48 1 --budget-s 60 \
-  --out "$(mktemp -d)"
-echo "   benchmarks smoke: $((SECONDS - bench_t0)) s"
+echo "   ready for the tests $((SECONDS - t0)) s after the start"
 echo "== pytest"
 # Three workers (pytest-xdist; PYTEST_WORKERS to change, 0 for none): the tests mostly
-# wait on daemons and simulated servers. The slowest 15 are listed at the end.
-.venv/bin/pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-3}" --durations=15 "$@"
+# wait on daemons and simulated servers; work stealing keeps a worker that finished early
+# busy with another's queue. The slowest 15 are listed at the end.
+.venv/bin/pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-3}" --dist worksteal \
+  --durations=15 "$@"
+echo "   the whole run: $((SECONDS - t0)) s"
