@@ -358,3 +358,15 @@ def squatter(name: bytes, how: str = "listen") -> Iterator[int]:
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def proc_state(pid: int) -> str:
+    """What the kernel says of ``pid`` (its state, the signals it ignores and catches, where
+    it sleeps): for a process that did not react to a signal in time."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError as exc:
+        return f"pid {pid}: {exc}"
+    keep = [x for x in status if x.split(":")[0] in ("State", "SigIgn", "SigCgt", "SigBlk")]
+    return f"pid {pid}: {'; '.join(keep)}; wchan {wchan}"

@@ -11,7 +11,7 @@ values nobody knows. The levers ``/status`` shows change only at the commit.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from sglang_supervisor.engine import effect, routing
@@ -86,17 +86,20 @@ async def apply_live(
             await put_back(parts, record, stop, op, live, done, before, str(exc))
             return
         await back_in_service(parts, record, op, quiet)
-        if guard:
-            worse = await effect.guarded_window(parts, record, stop, op)
-            if worse is not None:
-                await put_back(parts, record, stop, op, live, done, before, worse)
-                return
-        else:
-            effect.begin(parts, op)
-        record.changed_in_place(new)
-        parts.journal.record_changed_in_place(new)
-        await commit(parts, record, op, new)
-        op.phases[-1].detail += f"; changed live: pid {server.handle.pid} serves on"
+
+        async def undo(why: str) -> None:
+            await put_back(parts, record, stop, op, live, done, before, why)
+
+        await commit_in_place(
+            parts,
+            record,
+            stop,
+            op,
+            new,
+            guard=guard,
+            undo=undo,
+            said=f"changed live: pid {server.handle.pid} serves on",
+        )
     except asyncio.CancelledError:
         exiting = True
         raise
@@ -160,6 +163,34 @@ async def put_back(
     op.rollback_reason = reason
     op.levers_effective = record.levers.to_json()
     op.finish(ROLLED_BACK, f"{reason}; the old values were put back live (pid {pid} serves on)")
+
+
+async def commit_in_place(
+    parts: Parts,
+    record: ServerRecord,
+    stop: StopRequest,
+    op: Operation,
+    new: LeverSet,
+    *,
+    guard: bool,
+    undo: Callable[[str], Awaitable[None]],
+    said: str,
+) -> None:
+    """The end of a change made in place (live levers, new weights): with the guard, the
+    effect's window first and ``undo(why)`` when it is worse; else the effect measured
+    after the commit. Then ``new`` is what serves (record, journal, commit), ``said``
+    added to the commit's detail."""
+    if guard:
+        worse = await effect.guarded_window(parts, record, stop, op)
+        if worse is not None:
+            await undo(worse)
+            return
+    else:
+        effect.begin(parts, op)
+    record.changed_in_place(new)
+    parts.journal.record_changed_in_place(new)
+    await commit(parts, record, op, new)
+    op.phases[-1].detail += f"; {said}"
 
 
 async def back_in_service(parts: Parts, record: ServerRecord, op: Operation, quiet: bool) -> None:

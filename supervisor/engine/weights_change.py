@@ -22,15 +22,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sglang_supervisor.engine import effect
 from sglang_supervisor.engine.boundaries import Cancelled, checkpoint
 from sglang_supervisor.engine.live_calls import LiveFailed, LiveServer
-from sglang_supervisor.engine.live_change import back_in_service
+from sglang_supervisor.engine.live_change import back_in_service, commit_in_place
 from sglang_supervisor.engine.parts import Parts
 from sglang_supervisor.engine.record import ServerRecord
 from sglang_supervisor.engine.rollback import no_cancel_from_here, roll_back
 from sglang_supervisor.engine.stop_request import StopRequest
-from sglang_supervisor.engine.transaction import commit, drain_or_cancel
+from sglang_supervisor.engine.transaction import drain_or_cancel
 from sglang_supervisor.operations import FAILED, ROLLED_BACK, SUCCEEDED, Operation
 from sglang_supervisor.phases import PhaseName, PhasePrefix, prefixed
 from sglang_supervisor.sglang.control import ControlError
@@ -98,17 +97,12 @@ async def apply_weights(
             await update_back(parts, record, stop, op, live, old, before, str(exc))
             return
         await back_in_service(parts, record, op, quiet=True)
-        if guard:
-            worse = await effect.guarded_window(parts, record, stop, op)
-            if worse is not None:
-                await update_back(parts, record, stop, op, live, old, before, worse)
-                return
-        else:
-            effect.begin(parts, op)
-        record.changed_in_place(new)
-        parts.journal.record_changed_in_place(new)
-        await commit(parts, record, op, new)
-        op.phases[-1].detail += f"; new weights loaded in place: pid {handle.pid} serves on"
+
+        async def undo(why: str) -> None:
+            await update_back(parts, record, stop, op, live, old, before, why)
+
+        said = f"new weights loaded in place: pid {handle.pid} serves on"
+        await commit_in_place(parts, record, stop, op, new, guard=guard, undo=undo, said=said)
     except asyncio.CancelledError:
         exiting = True
         raise

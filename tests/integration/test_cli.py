@@ -28,7 +28,7 @@ from sglang_supervisor_api.cli.follow import SeqFilter
 from sglang_supervisor_api.cli.levers_input import lever_changes_from_args, parse_value
 from sglang_supervisor_api.cli.main import build_parser
 from sglang_supervisor_api.cli.server_log import new_lines
-from tests.helpers import Daemon, free_port, wait_until
+from tests.helpers import Daemon, free_port, proc_state, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "cli-test-token-0123456789"
@@ -95,7 +95,11 @@ class Running:
     def interrupt(self) -> tuple[int, str]:
         """Ctrl-C; returns the exit code and stderr."""
         self.proc.send_signal(signal.SIGINT)
-        _, err = self.proc.communicate(timeout=10)
+        try:
+            _, err = self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            state = proc_state(self.proc.pid)
+            raise AssertionError(f"no exit 10 s after SIGINT: {state}") from None
         self._reader.join(5)
         return self.proc.returncode, err
 

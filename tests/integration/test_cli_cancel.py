@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from tests.helpers import Daemon, wait_until
+from tests.helpers import Daemon, proc_state, wait_until
 from tests.integration.test_cli import REPO, _env, cli
 
 HANG = {"SGLANG_SIM_FAULTS": "hang_on_start"}
@@ -47,14 +47,16 @@ def test_cancel_ends_a_hung_start_and_rolls_back(daemon_factory: type[Daemon]) -
     assert nothing.returncode == 1 and "no operation is running" in nothing.stderr
 
 
-def read_until(fd: int, text: str, timeout: float) -> str:
-    """What the pseudo-terminal shows until ``text`` appears."""
+def read_until(fd: int, text: str, timeout: float, pid: int | None = None) -> str:
+    """What the pseudo-terminal shows until ``text`` appears (``pid``: the process whose
+    kernel state a failure reports)."""
     seen = ""
     deadline = time.monotonic() + timeout
     while text not in seen:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise AssertionError(f"{text!r} not shown within {timeout}s; shown:\n{seen}")
+            state = "" if pid is None else f" ({proc_state(pid)})"
+            raise AssertionError(f"{text!r} not shown within {timeout}s{state}; shown:\n{seen}")
         ready, _, _ = select.select([fd], [], [], left)
         if ready:
             try:
@@ -89,7 +91,7 @@ def test_ctrl_c_while_following_offers_to_cancel(daemon_factory: type[Daemon]) -
     try:
         shown = read_until(master, "start             started", 60)
         proc.send_signal(signal.SIGINT)
-        shown += read_until(master, "[y/N]", 30)
+        shown += read_until(master, "[y/N]", 30, proc.pid)
         os.write(master, b"y\n")
         shown += read_until(master, "the last-good levers serve again", 60)
         assert proc.wait(30) == 3, shown  # rolled back

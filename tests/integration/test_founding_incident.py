@@ -103,6 +103,21 @@ def test_unique_prompts_plan_apply_commits_kv_levers_and_the_queue_drains(
 
     effect = wait_until(judged, 120, 0.5, "the apply's effect judged")
     before, after = effect["before"], effect["after"]
+    # The figures the README quotes (pytest -s prints them).
+    figures = {
+        "levers": levers,
+        "fraction": [plan["current"]["mem_fraction_static"], proposed["mem_fraction_static"]],
+        "kv_tokens_per_rank": [plan["current"]["kv_tokens_per_rank"], served],
+        "requests_at_once": [
+            plan["current"]["concurrent_requests"],
+            proposed["concurrent_requests"],
+        ],
+        "expected_s": expected["seconds"],
+        "measured_s": op["downtime"]["seconds"],
+        "effect": {k: [before.get(k), after.get(k)] for k in before},
+        "verdict": effect["verdict"],
+    }
+    print("INCIDENT", json.dumps(figures))
     assert effect["verdict"] == "better", effect
     assert before["queued_requests"] > 100 > after["queued_requests"], effect
     assert after["running_requests"] > 2 * before["running_requests"], effect
