@@ -146,6 +146,16 @@ def test_shared_prefixes_lost_to_eviction_get_the_host_cache_with_its_cost(
     assert parts["pin"]["without_service"] and "s per GiB" in parts["pin"]["basis"]
     # The capacity levers come too: the workload is still KV-bound.
     assert levers["kv_cache_dtype"] == "fp8_e4m3", levers
+    figures = {
+        "hit_rate": evidence["hit_rate"],
+        "evicted_per_prompt_token": evidence["evicted_per_prompt_token"],
+        "levers": levers,
+        "pinned_gib": round(pinned_gib, 1),
+        "pin_s": parts["pin"]["seconds"],
+        "expected_s": plan["expected_downtime"]["seconds"],
+        "pin_s_at_h200_rate": round(0.58 * pinned_gib, 1),
+    }
+    print("INCIDENT-SHARED", json.dumps(figures))
     # And the text an operator reads says what the host cache costs.
     text = cli(d, "plan", timeout=120).stdout
     assert "pin" in text and "without service" in text, text

@@ -139,7 +139,9 @@ def test_the_queue_shrinks_after_applying_the_plan(daemon_factory: type[Daemon])
         ok = m["sglang:num_running_reqs"] > 1.3 * running_before
         return m if ok and m["sglang:num_queue_reqs"] <= 5 else None
 
-    m = wait_until(drained, 20, 0.2, "more running and a short queue after the apply")
+    # The queue built while the server restarted drains at the simulated rate, slower on a
+    # loaded host: a deadline, not a timing goal.
+    m = wait_until(drained, 90, 0.2, "more running and a short queue after the apply")
     assert m["sglang:token_usage"] < 0.95
 
 
