@@ -21,7 +21,8 @@ if ((${#apt_need[@]})) && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>
   (
     export DEBIAN_FRONTEND=noninteractive
     apt-get install -y -qq --no-install-recommends "${apt_need[@]}" \
-      || { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${apt_need[@]}"; }
+      || { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${apt_need[@]}"; } \
+      || { dpkg --configure -a && apt-get install -y -qq --no-install-recommends "${apt_need[@]}"; }
   ) >"$apt_log" 2>&1 &
   apt_pid=$!
 fi
