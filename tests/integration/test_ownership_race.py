@@ -98,7 +98,9 @@ def _launch(tmp: Path, made: list[Launch], port: int, mode: str) -> Launch:
     made.append(launch)
 
     def listening() -> bool:
-        pids = _listeners(port)
+        # A listener whose pid was not found yet (None: its socket seen before its fd in
+        # /proc) does not count: the tests below need the pid.
+        pids = [pid for pid in _listeners(port) if pid is not None]
         return launch.pid in pids if mode == "self" else bool(pids) and launch.pid not in pids
 
     wait_until(listening, 20, 0.02, f"the launch's listener ({mode}) on port {port}")

@@ -77,7 +77,9 @@ def test_post_plan_takes_sglangs_own_defaults_and_checks_its_proposal(
     )
     d.start()
     try:
-        r = d.client.post("/plan", json={"avg_tokens": 4096})
+        # A target of requests at once: the capacity levers are proposed whatever the
+        # live load reads when /plan comes (an idle server reads "not saturated").
+        r = d.client.post("/plan", json={"avg_tokens": 4096, "target_concurrency": 1024})
         assert r.status_code == 200, r.text
         plan = r.json()
         assert plan["current"]["mem_fraction_source"] == "SGLang's own resolution"
