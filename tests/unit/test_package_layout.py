@@ -225,9 +225,11 @@ def test_everything_the_architecture_doc_cites_exists() -> None:
 
 
 def test_the_repository_cites_nothing_outside_it() -> None:
-    """Docs, code and results cited a DESIGN.md that is not in the repository (issue 27
-    §8): the design the code follows is docs/design.md."""
-    outside = re.compile(r"DESIGN\.md|/work/shared|\.\./shared")
+    """Docs, code and results cited a design file and a folder that are not in the
+    repository (issue 27 §8): the design the code follows is docs/design.md. (The names
+    are assembled here so that this file cites nothing outside either.)"""
+    names = ["DESIGN" + r"\.md", "/work/" + "shared", r"\.\./" + "shared"]
+    outside = re.compile("|".join(names))
     tops = ["README.md", "docs", "supervisor", "api", "tests", "scripts", "deploy", "systemd"]
     bad = []
     for top in tops:
@@ -235,7 +237,7 @@ def test_the_repository_cites_nothing_outside_it() -> None:
         for path in paths:
             if path.suffix not in (".py", ".md", ".toml", ".sh", ".yml", ".yaml", ".service"):
                 continue
-            if path == Path(__file__) or "__pycache__" in path.parts:
+            if "__pycache__" in path.parts:
                 continue
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 if outside.search(line):
