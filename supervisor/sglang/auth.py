@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
@@ -51,8 +51,9 @@ ADMIN_OPTIONAL_PATHS = frozenset(
 class ServerKeys:
     """The keys a server was launched with (its ``api_key`` and ``admin_api_key`` levers)."""
 
-    api_key: str | None = None
-    admin_api_key: str | None = None
+    # Never in a repr (a log line or an exception that shows the object): they are secrets.
+    api_key: str | None = field(default=None, repr=False)
+    admin_api_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, levers: Mapping[str, Any]) -> ServerKeys:

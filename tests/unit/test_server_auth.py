@@ -135,3 +135,8 @@ print(json.dumps(out))
         check=True,
     )
     assert json.loads(r.stdout.strip().splitlines()[-1]) == ours
+
+
+def test_the_keys_never_show_in_a_repr() -> None:
+    shown = repr(BOTH) + str(BOTH)
+    assert "user-key" not in shown and "admin-key" not in shown, shown
