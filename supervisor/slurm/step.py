@@ -6,6 +6,7 @@ nodes), the step's ids as Slurm lists them (``squeue -s``, which creates no step
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -16,6 +17,8 @@ from pathlib import Path
 
 from sglang_supervisor.host import process
 from sglang_supervisor.slurm.settings import SlurmSettings
+
+log = logging.getLogger("supervisor")
 
 #: srun's words when Slurm will not create (or keep) a step: the job's step limit
 #: (``MaxStepCount``), a job that ended, a controller that does not answer.
@@ -95,15 +98,27 @@ def step_ids(slurm: SlurmSettings, job_id: str, name: str) -> list[str]:
 
 
 def scancel_kill(slurm: SlurmSettings, step: SlurmStep) -> None:
-    """``scancel -s KILL`` of the step named by the launch tag (every node's tasks)."""
-    ids = step_ids(slurm, step.job_id, step.tag)
-    for step_id in ids:
-        subprocess.run(
-            [slurm.scancel, "-s", "KILL", step_id],
-            capture_output=True,
-            timeout=slurm.probe_timeout_s,
-            check=False,
+    """``scancel -s KILL`` of the step named by the launch tag (every node's tasks). When
+    Slurm does not answer in ``probe_timeout_s`` (a controller slow or down), our srun is
+    SIGKILLed instead: Slurm ends its step, and the stop goes on to its sweep."""
+    try:
+        ids = step_ids(slurm, step.job_id, step.tag)
+        for step_id in ids:
+            subprocess.run(
+                [slurm.scancel, "-s", "KILL", step_id],
+                capture_output=True,
+                timeout=slurm.probe_timeout_s,
+                check=False,
+            )
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        log.warning(
+            "scancel of step %s (job %s, srun pid %s) failed: %s; SIGKILL to the srun instead",
+            step.tag,
+            step.job_id,
+            step.pid,
+            exc,
         )
-    if not ids:  # the step is not listed (yet): kill our srun, Slurm ends its step
+        ids = []
+    if not ids:  # the step is not listed (yet), or Slurm did not answer: kill our srun
         with contextlib.suppress(ProcessLookupError):
             os.kill(step.pid, signal.SIGKILL)
