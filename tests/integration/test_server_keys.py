@@ -46,3 +46,12 @@ def test_the_daemon_uses_each_key_where_sglang_wants_it(daemon_factory: type[Dae
     assert d.status()["server"]["pid"] == pid
     verify = next(p for p in op["phases"] if p["name"] == "verify")["detail"]
     assert "/server_info reads" in verify, verify
+    # Neither key reaches what the daemon answers or logs (the one redaction rule).
+    shown = [
+        d.client.get("/status").text,
+        d.client.get("/operations").text,
+        d.client.get("/logs", params={"tail": 400}).text,
+        d.log(),
+    ]
+    for key in KEYS.values():
+        assert not [text for text in shown if key in text], key
